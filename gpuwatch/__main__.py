@@ -1,0 +1,3 @@
+from gpuwatch.cli import main
+
+main()

@@ -1,0 +1,196 @@
+"""One validated configuration model: defaults, then a TOML file, then GPUWATCH_* variables,
+then command-line flags. Every error names the key and the reason."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+from gpuwatch.probe.config import ProbeConfig
+from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
+from gpuwatch.signals.config import SignalsConfig
+
+DEFAULT_PORT = 19400
+ENV_PREFIX = "GPUWATCH_"
+
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key and the reason."""
+
+
+class NvmlConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    fast_interval_seconds: PositiveFloat = 2.0
+    # Energy and PCIe throughput (PCIe costs ~20 ms per call): 0 turns the slow tier off.
+    slow_interval_seconds: NonNegFloat = 30.0
+    xid_events: bool = True
+    retry_max_seconds: PositiveFloat = 60.0
+    # Only these GPU indices (empty: all).
+    gpus: list[int] = []
+
+
+class ThresholdsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # An override table that names its own version and the base it extends.
+    file: str = ""
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    listen: str = f":{DEFAULT_PORT}"
+    log_level: str = "info"
+    record: str = ""
+    simulate: str = ""
+    seed: int = 0
+    events_log: str = ""
+    nvml: NvmlConfig = msgspec.field(default_factory=NvmlConfig)
+    engines: list[EngineConfig] = []
+    discovery: DiscoveryConfig = msgspec.field(default_factory=DiscoveryConfig)
+    signals: SignalsConfig = msgspec.field(default_factory=SignalsConfig)
+    thresholds: ThresholdsConfig = msgspec.field(default_factory=ThresholdsConfig)
+    probe: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
+    remediation: RemediationConfig = msgspec.field(default_factory=RemediationConfig)
+    webhook: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
+
+    def __post_init__(self) -> None:
+        parse_listen(self.listen)
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError("log_level: must be one of debug, info, warning, error")
+        names = [e.name for e in self.engines]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"engines: duplicate engine name(s) {', '.join(dupes)}")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """'HOST:PORT', ':PORT' or '[v6]:PORT' -> (host, port); host '' means all interfaces."""
+    m = re.fullmatch(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:]*)):(?P<port>\d{1,5})", value)
+    if not m or not 0 <= int(m["port"]) <= 65535:
+        raise ValueError(f"listen: {value!r} is not HOST:PORT")
+    return (m["v6"] or m["host"] or ""), int(m["port"])
+
+
+def _path(loc: str) -> str:
+    """msgspec's '$.nvml.fast' -> 'nvml.fast'; '$.engines[0].url' -> 'engines[0].url'."""
+    return loc.removeprefix("$").lstrip(".")
+
+
+def _convert(raw: dict[str, Any], source: str) -> Config:
+    try:
+        return msgspec.convert(raw, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        m = re.match(r"(?s)(.*) - at `(.+)`$", msg)
+        if m:
+            reason, loc = m.group(1), _path(m.group(2))
+            unknown = re.match(r"Object contains unknown field `(.+)`", reason)
+            if unknown:
+                key = f"{loc}.{unknown.group(1)}" if loc else unknown.group(1)
+                raise ConfigError(f"{source}: {key}: unknown key") from None
+            raise ConfigError(f"{source}: {loc}: {reason}") from None
+        unknown = re.match(r"Object contains unknown field `(.+)`", msg)
+        if unknown:
+            raise ConfigError(f"{source}: {unknown.group(1)}: unknown key") from None
+        raise ConfigError(f"{source}: {msg}") from None
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _field_types(struct: type) -> dict[str, Any]:
+    return {f.name: f.type for f in msgspec.structs.fields(struct)}
+
+
+def _env_to_dict(environ: dict[str, str]) -> dict[str, Any]:
+    """GPUWATCH_WEBHOOK_TOKEN -> {'webhook': {'token': ...}}: the first section name that
+    prefixes the rest wins, so keys with underscores (nvml.fast_interval_seconds) work."""
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        rest = name[len(ENV_PREFIX):].lower()
+        path = _resolve_env_path(Config, rest)
+        if path is None:
+            raise ConfigError(f"environment: {name}: unknown setting")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = _env_value(value)
+    return out
+
+
+def _resolve_env_path(struct: type, rest: str) -> list[str] | None:
+    fields = _field_types(struct)
+    if rest in fields:
+        return [rest]
+    for fname, ftype in fields.items():
+        if rest.startswith(fname + "_") and isinstance(ftype, type) and issubclass(
+            ftype, msgspec.Struct
+        ):
+            sub = _resolve_env_path(ftype, rest[len(fname) + 1:])
+            if sub is not None:
+                return [fname, *sub]
+    return None
+
+
+def _env_value(value: str) -> Any:
+    """Environment values are strings; lists may be given comma-separated."""
+    return value
+
+
+def load(
+    path: str | os.PathLike | None = None,
+    environ: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Config:
+    """Defaults < file < environment < flags. Raises ConfigError."""
+    environ = dict(os.environ) if environ is None else environ
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is None and environ.get(ENV_PREFIX + "CONFIG"):
+        path = environ[ENV_PREFIX + "CONFIG"]
+    if path:
+        source = str(path)
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: {exc.strerror}") from None
+        _convert(raw, source)  # report file errors against the file
+    env = _env_to_dict(environ)
+    if env:
+        raw = _deep_merge(raw, env)
+        source = f"{source} + environment" if path else "environment"
+    if overrides:
+        raw = _deep_merge(raw, {k: v for k, v in overrides.items() if v is not None})
+        source = f"{source} + flags"
+    return _convert(raw, source)
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    """Plain data for /api/state, with secrets masked."""
+    data = msgspec.to_builtins(config)
+    if data.get("webhook", {}).get("token"):
+        data["webhook"]["token"] = "***"
+    for eng in data.get("engines", []):
+        if eng.get("bearer_token"):
+            eng["bearer_token"] = "***"
+        if eng.get("headers"):
+            eng["headers"] = {k: "***" for k in eng["headers"]}
+    return data

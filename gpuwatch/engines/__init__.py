@@ -1,0 +1,1 @@
+"""Inference-engine collectors: scrape, recognize, normalize."""

@@ -1,0 +1,51 @@
+"""Events: a signal changing state, or a remediation action (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import msgspec
+
+SIGNALS = (
+    "memory_leak",
+    "memory_zone",
+    "time_to_oom",
+    "fragmentation",
+    "kv_cache_hit_ratio",
+    "queue_latency",
+    "engine_down",
+    "gpu_lost",
+)
+
+
+class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
+    t: float
+    signal: str
+    state: str  # firing | resolved
+    severity: str = "warning"  # warning | critical
+    gpu_uuid: str | None = None
+    pid: int | None = None
+    engine: str | None = None
+    value: float | None = None
+    threshold: float | None = None
+    message: str = ""
+
+    @property
+    def key(self) -> tuple:
+        """Identity of the condition this event is about (what 'resolved' refers to)."""
+        return (self.signal, self.gpu_uuid, self.pid, self.engine)
+
+
+class ActionEvent(msgspec.Struct, omit_defaults=True, kw_only=True):
+    t: float
+    action: str  # flush | snapshot | signal | exec
+    target: str
+    result: str  # ok | failed | dry_run | skipped_cooldown | skipped_rate_limit | refused
+    reason: str = ""
+    trigger: str = ""  # policy | alertmanager
+    detail: dict = {}
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def to_json(ev: Event | ActionEvent) -> str:
+    return _encoder.encode(ev).decode()

@@ -1,0 +1,1 @@
+"""Outputs over HTTP: /metrics, /healthz, /readyz, /api/state."""

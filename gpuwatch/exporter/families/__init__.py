@@ -1,0 +1,20 @@
+"""Metric families, one module per domain. Each module has collect(snap) -> metrics.
+
+The custom collector calls every module listed here over the same immutable Snapshot;
+a module that raises loses only its own families for that scrape.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+MODULES = (
+    "gpuwatch.exporter.families.self_metrics",
+    "gpuwatch.exporter.families.gpu",
+    "gpuwatch.exporter.families.process",
+    # subsystems add their family modules below
+)
+
+
+def modules():
+    return [importlib.import_module(name) for name in MODULES]

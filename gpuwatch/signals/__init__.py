@@ -1,0 +1,1 @@
+"""Pure analyzers over ticks: no NVML, no HTTP, no clock reads (replayable)."""

@@ -1,0 +1,52 @@
+"""The analyzers the live daemon and `gpuwatch replay` both run, in order."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gpuwatch.events import Event
+from gpuwatch.model import Tick
+from gpuwatch.signals.conditions import Conditions
+from gpuwatch.signals.derived import Derived
+
+
+class Analyzer(Protocol):
+    def update(self, tick: Tick, derived: Derived, conditions: Conditions) -> list[Event]: ...
+
+
+def build_analyzers(config, table) -> list[Analyzer]:
+    """Every analyzer, in the order they run (later ones may read what earlier ones set)."""
+    analyzers: list[Analyzer] = []
+    # (analyzers are appended here by the subsystems that provide them)
+    return analyzers
+
+
+class Pipeline:
+    def __init__(self, config, table=None) -> None:
+        self.config = config
+        self.table = table
+        self.derived = Derived()
+        self.conditions = Conditions()
+        self.analyzers = build_analyzers(config, table)
+
+    def update(self, tick: Tick) -> list[Event]:
+        self._prune(tick)
+        events: list[Event] = []
+        for analyzer in self.analyzers:
+            events += analyzer.update(tick, self.derived, self.conditions)
+        return events
+
+    def _prune(self, tick: Tick) -> None:
+        """Forget GPUs and processes that are no longer there, so their series disappear."""
+        if not tick.gpus:
+            return
+        live = {(g.uuid, p.pid) for g in tick.gpus for p in g.processes}
+        for key in [k for k in self.derived.processes if k not in live]:
+            del self.derived.processes[key]
+        uuids = {g.uuid for g in tick.gpus}
+        for uuid in [u for u in self.derived.gpus if u not in uuids]:
+            del self.derived.gpus[uuid]
+
+    @property
+    def active(self) -> list[Event]:
+        return list(self.conditions.active.values())
