@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from gpuwatch.events import Event
 from gpuwatch.model import Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+
+log = logging.getLogger(__name__)
 
 
 class Analyzer(Protocol):
@@ -28,12 +31,18 @@ class Pipeline:
         self.derived = Derived()
         self.conditions = Conditions()
         self.analyzers = build_analyzers(config, table)
+        self.errors = 0
 
     def update(self, tick: Tick) -> list[Event]:
         self._prune(tick)
         events: list[Event] = []
         for analyzer in self.analyzers:
-            events += analyzer.update(tick, self.derived, self.conditions)
+            try:
+                events += analyzer.update(tick, self.derived, self.conditions)
+            except Exception:
+                # One analyzer's bug costs its own conclusions for this tick, nothing else.
+                self.errors += 1
+                log.exception("analyzer %s failed at t=%s", type(analyzer).__name__, tick.t)
         return events
 
     def _prune(self, tick: Tick) -> None:

@@ -1,0 +1,364 @@
+"""The daemon: one asyncio loop that samples, analyzes, records and serves.
+
+Sampling is decoupled from serving: NVML calls run on executor threads, engines are scraped
+by their own tasks, and every fast tick publishes a new immutable Snapshot that /metrics
+renders. A source that fails marks only itself down; nothing here dies on a sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from gpuwatch import config as config_mod
+from gpuwatch.config import Config, ConfigError
+from gpuwatch.events import Event, to_json
+from gpuwatch.exporter.app import make_app
+from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
+from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
+from gpuwatch.recording import Recorder
+from gpuwatch.signals.pipeline import Pipeline
+from gpuwatch.sources.base import BackendUnavailable, GpuBackend
+
+log = logging.getLogger("gpuwatch")
+
+RECENT_EVENTS = 200
+
+
+def make_backend(cfg: Config) -> GpuBackend:
+    if cfg.simulate:
+        from gpuwatch.sources.simulate import SimulatedBackend
+
+        return SimulatedBackend(cfg.simulate, seed=cfg.seed,
+                                interval=cfg.nvml.fast_interval_seconds)
+    from gpuwatch.sources.nvml import NvmlBackend
+
+    return NvmlBackend(only=cfg.nvml.gpus, xid_events=cfg.nvml.xid_events)
+
+
+def make_pipeline(cfg: Config) -> Pipeline:
+    return Pipeline(cfg, load_thresholds(cfg))
+
+
+def load_thresholds(cfg: Config) -> Any:
+    try:
+        from gpuwatch.thresholds.table import load_table
+    except ImportError:
+        return None
+    return load_table(cfg.thresholds.file or None)
+
+
+class GpuSampler:
+    """Owns the backend: opens it, retries with backoff while it is unavailable, and
+    merges the slow tier's latest values into each fast sample."""
+
+    def __init__(self, backend: GpuBackend, status: SourceStatus, retry_max: float) -> None:
+        self.backend = backend
+        self.status = status
+        self.retry_max = retry_max
+        self._open = False
+        self._retry_at = 0.0
+        self._backoff = 1.0
+        self._slow: dict[str, dict] = {}
+        self._fast_pool = concurrent.futures.ThreadPoolExecutor(1, "gpuwatch-nvml")
+        self._slow_pool = concurrent.futures.ThreadPoolExecutor(1, "gpuwatch-nvml-slow")
+        self._warned = False
+
+    async def sample(self, now: float) -> list[GpuSample]:
+        loop = asyncio.get_running_loop()
+        if not self._open:
+            if time.monotonic() < self._retry_at:
+                return []
+            try:
+                await loop.run_in_executor(self._fast_pool, self.backend.open)
+            except BackendUnavailable as exc:
+                self._unavailable(str(exc))
+                return []
+            self._open = True
+            self._backoff = 1.0
+            log.info("%s backend up (driver %s)", self.backend.name,
+                     self.backend.driver_version)
+        t0 = time.perf_counter()
+        try:
+            gpus = await loop.run_in_executor(self._fast_pool, self.backend.sample, now)
+        except BackendUnavailable as exc:
+            self._open = False
+            await loop.run_in_executor(self._fast_pool, self.backend.close)
+            self._unavailable(str(exc))
+            return []
+        except Exception as exc:  # a sample never kills the daemon
+            self.status.errors_total += 1
+            self.status.reason = f"sample failed: {exc!r}"
+            log.exception("GPU sample failed")
+            return []
+        self.status.up = True
+        self.status.reason = ""
+        self.status.last_success = now
+        self.status.last_duration_seconds = time.perf_counter() - t0
+        self._warned = False
+        for g in gpus:
+            for k, v in self._slow.get(g.uuid, {}).items():
+                setattr(g, k, v)
+        return gpus
+
+    def _unavailable(self, reason: str) -> None:
+        self.status.up = False
+        self.status.reason = reason
+        self.status.errors_total += 1
+        self._retry_at = time.monotonic() + self._backoff
+        level = logging.DEBUG if self._warned else logging.WARNING
+        log.log(level, "GPU backend unavailable: %s; serving without GPU data, retrying in "
+                "%.0f s", reason, self._backoff)
+        self._warned = True
+        self._backoff = min(self._backoff * 2, self.retry_max)
+
+    async def slow_loop(self, interval: float, status: SourceStatus) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            if not self._open:
+                continue
+            t0 = time.perf_counter()
+            try:
+                self._slow = await loop.run_in_executor(
+                    self._slow_pool, self.backend.sample_slow, time.time()
+                )
+            except Exception as exc:
+                status.errors_total += 1
+                status.up = False
+                status.reason = repr(exc)
+                log.warning("slow-tier sample failed: %r", exc)
+                continue
+            status.up = True
+            status.reason = ""
+            status.last_success = time.time()
+            status.last_duration_seconds = time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self._open:
+            self.backend.close()
+        self._fast_pool.shutdown(wait=False, cancel_futures=True)
+        self._slow_pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Daemon:
+    def __init__(self, cfg: Config, config_path: str | None = None,
+                 overrides: dict[str, Any] | None = None) -> None:
+        self.config = cfg
+        self.config_path = config_path
+        self.overrides = overrides or {}
+        self.host = socket.gethostname()
+        self.started = time.time()
+        self.sources: dict[str, SourceStatus] = {"nvml": SourceStatus()}
+        self.backend = make_backend(cfg)
+        self.sampler = GpuSampler(self.backend, self.sources["nvml"],
+                                  cfg.nvml.retry_max_seconds)
+        self.pipeline = make_pipeline(cfg)
+        self.recent: collections.deque[Event] = collections.deque(maxlen=RECENT_EVENTS)
+        self.snapshot = Snapshot(started=self.started, config=cfg)
+        self._version = 0
+        self._pending_engines: list[EngineSample] = []
+        self._recorder: Recorder | None = None
+        self._events_log = None
+        self._stop = asyncio.Event()
+        self._engine_task: asyncio.Task | None = None
+        self._extras: dict[str, Any] = {"driver_version": ""}
+
+    # -- the tick ---------------------------------------------------------------------
+    async def _probes(self, now: float) -> list[ProbeSample]:
+        own = self.backend.probes(now)
+        if own is not None:
+            return own
+        if not self.config.probe.enabled:
+            return []
+        return []
+
+    def _take_engines(self, now: float) -> list[EngineSample]:
+        engines, self._pending_engines = self._pending_engines, []
+        sim = getattr(self.backend, "engines", None)
+        if sim is not None:
+            engines += sim(now)
+        return engines
+
+    async def tick_once(self) -> Tick:
+        now = time.time()
+        gpus = await self.sampler.sample(now)
+        probes = await self._probes(now)
+        tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
+        self._process(tick)
+        return tick
+
+    def _process(self, tick: Tick) -> None:
+        if self._recorder is not None:
+            try:
+                self._recorder.write(tick)
+            except OSError as exc:
+                log.error("recording stopped: %s", exc)
+                self._recorder = None
+        t0 = time.perf_counter()
+        events = self.pipeline.update(tick)
+        sig = self.sources.setdefault("signals", SourceStatus())
+        sig.up, sig.last_success = True, tick.t
+        sig.last_duration_seconds = time.perf_counter() - t0
+        sig.errors_total = self.pipeline.errors
+        for ev in events:
+            self.recent.append(ev)
+            log.info("event %s", to_json(ev))
+            self._log_event(ev)
+        self._extras["driver_version"] = self.backend.driver_version
+        self._publish(tick, ready=True)
+        return None
+
+    def _log_event(self, ev: Event) -> None:
+        if self._events_log is None:
+            return
+        try:
+            self._events_log.write(to_json(ev) + "\n")
+            self._events_log.flush()
+        except OSError as exc:
+            log.error("events log stopped: %s", exc)
+            self._events_log = None
+
+    def _publish(self, tick: Tick | None, ready: bool) -> None:
+        self._version += 1
+        self.snapshot = Snapshot(
+            version=self._version,
+            tick=tick,
+            derived=self.pipeline.derived,
+            sources={k: dataclasses.replace(v) for k, v in self.sources.items()},
+            active_events=tuple(self.pipeline.active),
+            recent_events=tuple(self.recent),
+            ready=ready or self.snapshot.ready,
+            started=self.started,
+            extras=dict(self._extras),
+            config=self.config,
+        )
+
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while not self._stop.is_set():
+            try:
+                await self.tick_once()
+            except Exception:
+                log.exception("tick failed")
+            interval = self.config.nvml.fast_interval_seconds
+            next_at += interval
+            if next_at < loop.time():  # fell behind: skip, never burst
+                next_at = loop.time() + interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=next_at - loop.time())
+
+    # -- engines ----------------------------------------------------------------------
+    def _engine_sink(self, sample: EngineSample) -> None:
+        self._pending_engines.append(sample)
+        st = self.sources.setdefault(f"engine:{sample.name}", SourceStatus())
+        st.last_duration_seconds = sample.duration_seconds
+        if sample.error:
+            st.up, st.reason = False, sample.error
+            st.errors_total += 1
+        else:
+            st.up, st.reason, st.last_success = True, "", sample.t
+
+    def _start_engines(self) -> None:
+        if self._engine_task is not None:
+            self._engine_task.cancel()
+            self._engine_task = None
+        if not self.config.engines and not self.config.discovery.enabled:
+            return
+        from gpuwatch.sources.engines import EngineSource
+
+        source = EngineSource(self.config.engines, self.config.discovery)
+        self._engine_task = asyncio.create_task(source.run(self._engine_sink))
+
+    # -- configuration ----------------------------------------------------------------
+    def reload(self) -> bool:
+        try:
+            new = config_mod.load(self.config_path, overrides=self.overrides)
+        except ConfigError as exc:
+            log.error("configuration reload rejected, keeping the current one: %s", exc)
+            return False
+        old, self.config = self.config, new
+        if new.listen != old.listen:
+            log.warning("listen address changes need a restart; still serving on %s",
+                        old.listen)
+        if (new.signals, new.thresholds) != (old.signals, old.thresholds):
+            try:
+                self.pipeline = make_pipeline(new)
+            except Exception as exc:
+                log.error("new thresholds/signals rejected, keeping the current ones: %s", exc)
+                self.config = msgspec.structs.replace(
+                    new, signals=old.signals, thresholds=old.thresholds)
+            else:
+                log.info("signals rebuilt from the new configuration (windows restart)")
+        if (new.engines, new.discovery) != (old.engines, old.discovery):
+            self._start_engines()
+        log.info("configuration reloaded")
+        return True
+
+    # -- running ----------------------------------------------------------------------
+    def _open_outputs(self) -> None:
+        cfg = self.config
+        if cfg.record:
+            self._recorder = Recorder(cfg.record, self.host, cfg.nvml.fast_interval_seconds)
+            log.info("recording to %s", cfg.record)
+        if cfg.events_log:
+            fd = os.open(cfg.events_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._events_log = os.fdopen(fd, "a")
+
+    def _close_outputs(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()
+        if self._events_log is not None:
+            self._events_log.close()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        host, port = config_mod.parse_listen(self.config.listen)
+        app = make_app(lambda: self.snapshot)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.error("cannot listen on %s: %s", self.config.listen, exc.strerror or exc)
+            await runner.cleanup()
+            return 2
+        log.info("serving on http://%s:%d/ (backend: %s)", host or "0.0.0.0", port,
+                 self.backend.name)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        tasks = []
+        try:
+            self._open_outputs()
+            self._start_engines()
+            tasks.append(asyncio.create_task(self._tick_loop()))
+            slow = self.config.nvml.slow_interval_seconds
+            if slow > 0:
+                st = self.sources.setdefault("nvml_slow", SourceStatus())
+                tasks.append(asyncio.create_task(self.sampler.slow_loop(slow, st)))
+            await self._stop.wait()
+            log.info("stopping")
+        finally:
+            for t in [*tasks, self._engine_task]:
+                if t is not None:
+                    t.cancel()
+            await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
+            self._close_outputs()
+            self.sampler.close()
+            await runner.cleanup()
+        return 0

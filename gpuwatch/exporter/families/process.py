@@ -1,0 +1,44 @@
+"""Per-process GPU memory; series of exited processes disappear with them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from gpuwatch.exporter.snapshot import Snapshot
+
+PROCESS_LABELS = ["gpu", "uuid", "pid", "process"]
+
+
+def process_labels(gpu, proc) -> list[str]:
+    return [str(gpu.index), gpu.uuid, str(proc.pid), proc.name]
+
+
+def collect(snap: Snapshot) -> Iterator[Metric]:
+    if snap.tick is None:
+        return
+    used = GaugeMetricFamily(
+        "gpuwatch_process_gpu_memory_used_bytes",
+        "GPU memory used by the process as NVML reports it (absent when the driver cannot tell).",
+        labels=PROCESS_LABELS,
+    )
+    info = GaugeMetricFamily(
+        "gpuwatch_process_info", "Process identity on a GPU (value 1).",
+        labels=[*PROCESS_LABELS, "user", "type", "pod", "namespace", "container"],
+    )
+    start = GaugeMetricFamily(
+        "gpuwatch_process_start_time_seconds", "Process start time (Unix seconds).",
+        labels=PROCESS_LABELS,
+    )
+    for g in snap.tick.gpus:
+        for p in g.processes:
+            lv = process_labels(g, p)
+            info.add_metric([*lv, p.user, p.type, p.pod, p.namespace, p.container], 1)
+            if p.used_memory_bytes is not None:
+                used.add_metric(lv, p.used_memory_bytes)
+            if p.create_time is not None:
+                start.add_metric(lv, p.create_time)
+    yield used
+    yield info
+    yield start

@@ -1,0 +1,38 @@
+"""The /api/state document: latest sample, conclusions, source health, events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gpuwatch import __version__
+from gpuwatch.config import to_dict
+from gpuwatch.exporter.snapshot import Snapshot
+
+
+def state_document(snap: Snapshot) -> dict[str, Any]:
+    derived = snap.derived
+    return {
+        "version": __version__,
+        "ready": snap.ready,
+        "started": snap.started,
+        "t": snap.tick.t if snap.tick else None,
+        "sources": {k: msgspec.to_builtins(v) for k, v in snap.sources.items()},
+        "sample": msgspec.to_builtins(snap.tick) if snap.tick else None,
+        "signals": {
+            "gpus": msgspec.to_builtins(derived.gpus),
+            "processes": [
+                {"uuid": uuid, "pid": pid, **msgspec.to_builtins(ps)}
+                for (uuid, pid), ps in sorted(derived.processes.items())
+            ],
+            "engines": msgspec.to_builtins(derived.engines),
+            "threshold_table": derived.threshold_table,
+        },
+        "active_events": msgspec.to_builtins(list(snap.active_events)),
+        "recent_events": msgspec.to_builtins(list(snap.recent_events)),
+        "extras": msgspec.to_builtins(
+            {k: v for k, v in snap.extras.items() if k != "remediation"}
+        ),
+        "config": to_dict(snap.config) if snap.config is not None else None,
+    }

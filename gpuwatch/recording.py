@@ -1,0 +1,92 @@
+"""Recordings: JSON Lines of ticks (DESIGN.md §2), gzip when the name ends in .gz."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterator
+from typing import IO
+
+import msgspec
+
+from gpuwatch.model import RecordingHeader, Tick
+
+FORMAT = "gpuwatch-recording"
+
+
+class RecordingError(ValueError):
+    pass
+
+
+def _open(path: str, mode: str) -> IO[bytes]:
+    if path.endswith(".gz"):
+        return gzip.open(path, mode + "b")
+    return open(path, mode + "b")
+
+
+class Recorder:
+    """Appends one line per tick. Plain files are flushed every tick; gzip ones every
+    `gzip_flush_every` ticks (a flush per tick would ruin the compression) and on close."""
+
+    def __init__(self, path: str, host: str, interval_s: float, gzip_flush_every: int = 30):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.close(fd)  # created owner-only; reopened below through the right codec
+        self.path = path
+        self._f = _open(path, "w")
+        self._enc = msgspec.json.Encoder()
+        self._n = 0
+        self._every = 1 if not path.endswith(".gz") else gzip_flush_every
+        header = RecordingHeader(host=host, interval_s=interval_s)
+        self._f.write(self._enc.encode(header) + b"\n")
+        self._f.flush()
+
+    def write(self, tick: Tick) -> None:
+        self._f.write(self._enc.encode(tick) + b"\n")
+        self._n += 1
+        if self._n % self._every == 0:
+            self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_recording(path: str) -> tuple[RecordingHeader, Iterator[Tick]]:
+    """The header and an iterator of ticks. A torn last line (a crash mid-write) ends the
+    recording; a bad line elsewhere is an error naming its line number."""
+    try:
+        f = _open(path, "r")
+        first = f.readline()
+    except OSError as exc:
+        raise RecordingError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        header = msgspec.json.decode(first, type=RecordingHeader)
+    except msgspec.DecodeError as exc:
+        f.close()
+        raise RecordingError(f"{path}: line 1: not a gpuwatch recording header: {exc}") from None
+    if header.format != FORMAT:
+        f.close()
+        raise RecordingError(f"{path}: line 1: format is {header.format!r}, not {FORMAT!r}")
+    if header.version != 1:
+        f.close()
+        raise RecordingError(f"{path}: recording version {header.version} is not supported")
+    return header, _ticks(f, path)
+
+
+def _ticks(f: IO[bytes], path: str) -> Iterator[Tick]:
+    dec = msgspec.json.Decoder(Tick)
+    with f:
+        pending: tuple[int, Exception] | None = None
+        lines = enumerate(f, start=2)
+        while True:
+            try:
+                n, line = next(lines)
+            except (StopIteration, EOFError):  # EOFError: gzip cut short by a crash
+                return
+            if pending is not None:
+                raise RecordingError(f"{path}: line {pending[0]}: {pending[1]}")
+            if not line.strip():
+                continue
+            try:
+                yield dec.decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                pending = (n, exc)  # fatal unless it was the last line

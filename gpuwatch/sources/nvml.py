@@ -1,0 +1,303 @@
+"""The real NVIDIA driver, through nvidia-ml-py (imported as pynvml).
+
+Calls run on executor threads, never on the event loop. A field the GPU does not support
+is remembered per GPU and never asked again; a lost GPU is isolated (reported lost, not
+queried); a missing library or driver makes the whole backend unavailable, and the daemon
+retries with backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from gpuwatch.model import GpuSample, ProbeSample
+from gpuwatch.sources.base import BackendUnavailable
+from gpuwatch.sources.processes import ProcessInfo
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+
+class _GpuLost(Exception):
+    pass
+
+
+class _Device:
+    """One GPU: its handle, identity and what it turned out not to support."""
+
+    def __init__(self, index: int, handle: Any) -> None:
+        self.index = index
+        self.handle = handle
+        self.uuid = pynvml.nvmlDeviceGetUUID(handle)
+        self.name = pynvml.nvmlDeviceGetName(handle)
+        try:
+            self.pci_bus_id = pynvml.nvmlDeviceGetPciInfo(handle).busId
+        except pynvml.NVMLError:
+            self.pci_bus_id = ""
+        self.unsupported: set[str] = set()
+        self.lost = False
+        self.memory_v2 = True
+        # field -> versioned wrapper used instead of an unversioned one the driver lacks
+        self.fallbacks: dict[str, Callable] = {}
+        self.xid_total: dict[str, int] = {}
+        self.last_xid: int | None = None
+
+    def get(self, field: str, fn: Callable, *args: Any, fallback: Callable | None = None) -> Any:
+        """One NVML call; None when unsupported (remembered) or failing this time.
+
+        fallback: a versioned wrapper to switch to when the unversioned one needs a symbol
+        this driver lacks (NVMLLibraryMismatchError).
+        """
+        if field in self.unsupported:
+            return None
+        try:
+            return fn(self.handle, *args)
+        except pynvml.NVMLLibraryMismatchError:
+            if fallback is None:
+                self.unsupported.add(field)
+                log.warning("GPU %d: %s: library/driver mismatch; not asking again",
+                            self.index, field)
+                return None
+            self.fallbacks[field] = fallback
+            return self.get(field, fallback, *args)
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            self.unsupported.add(field)
+            log.info("GPU %d: %s not supported; not asking again", self.index, field)
+        except pynvml.NVMLError_GpuIsLost:
+            raise _GpuLost() from None
+        except pynvml.NVMLError as exc:
+            log.debug("GPU %d: %s failed: %s", self.index, field, exc)
+        return None
+
+
+# Process lists: the unversioned wrapper (v3) and the v2 fallback for older drivers.
+_PROCESS_LISTS = {
+    "compute": (pynvml.nvmlDeviceGetComputeRunningProcesses,
+                pynvml.nvmlDeviceGetComputeRunningProcesses_v2),
+    "graphics": (pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+                 pynvml.nvmlDeviceGetGraphicsRunningProcesses_v2),
+    "mps": (pynvml.nvmlDeviceGetMPSComputeRunningProcesses,
+            pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v2),
+}
+
+
+class NvmlBackend:
+    name = "nvml"
+
+    def __init__(self, only: list[int] | None = None, xid_events: bool = True) -> None:
+        self.only = set(only or [])
+        self.xid_events = xid_events
+        self.driver_version = ""
+        self.devices: list[_Device] = []
+        self._procinfo = ProcessInfo()
+        self._event_set: Any = None
+        self._lock = threading.Lock()  # fast and slow tiers share devices
+        self._opened = False
+
+    # -- life cycle -------------------------------------------------------------------
+    def open(self) -> None:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise BackendUnavailable(f"NVML init failed: {exc}") from None
+        except OSError as exc:  # a broken libnvidia-ml.so
+            raise BackendUnavailable(f"NVML library could not be loaded: {exc}") from None
+        self._opened = True
+        try:
+            self.driver_version = pynvml.nvmlSystemGetDriverVersion()
+            count = pynvml.nvmlDeviceGetCount()
+            devices = []
+            for i in range(count):
+                if self.only and i not in self.only:
+                    continue
+                try:
+                    devices.append(_Device(i, pynvml.nvmlDeviceGetHandleByIndex(i)))
+                except pynvml.NVMLError as exc:
+                    log.warning("GPU %d skipped: %s", i, exc)
+            self.devices = devices
+        except pynvml.NVMLError as exc:
+            self.close()
+            raise BackendUnavailable(f"NVML enumeration failed: {exc}") from None
+        if self.xid_events:
+            self._register_xid()
+
+    def close(self) -> None:
+        if self._event_set is not None:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None
+        if self._opened:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+            self._opened = False
+
+    def _register_xid(self) -> None:
+        try:
+            self._event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            log.info("XID events unavailable: %s", exc)
+            return
+        for dev in self.devices:
+            try:
+                supported = pynvml.nvmlDeviceGetSupportedEventTypes(dev.handle)
+                mask = pynvml.nvmlEventTypeXidCriticalError & supported
+                if mask:
+                    pynvml.nvmlDeviceRegisterEvents(dev.handle, mask, self._event_set)
+            except pynvml.NVMLError as exc:
+                log.info("GPU %d: XID events unavailable: %s", dev.index, exc)
+
+    def _drain_xid(self) -> None:
+        """Poll (timeout 0) until no event is pending: never blocks the tick."""
+        if self._event_set is None:
+            return
+        by_handle = {id(d.handle): d for d in self.devices}
+        by_uuid = {d.uuid: d for d in self.devices}
+        for _ in range(256):
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._event_set, 0)
+            except pynvml.NVMLError_Timeout:
+                return
+            except pynvml.NVMLError as exc:
+                log.debug("XID poll failed: %s", exc)
+                return
+            dev = by_handle.get(id(data.device))
+            if dev is None:
+                try:
+                    dev = by_uuid.get(pynvml.nvmlDeviceGetUUID(data.device))
+                except pynvml.NVMLError:
+                    dev = None
+            if dev is not None:
+                xid = int(data.eventData)
+                dev.xid_total[str(xid)] = dev.xid_total.get(str(xid), 0) + 1
+                dev.last_xid = xid
+                log.warning("GPU %d: XID %d", dev.index, xid)
+
+    # -- sampling ---------------------------------------------------------------------
+    def probes(self, now: float) -> list[ProbeSample] | None:
+        return None
+
+    def sample(self, now: float) -> list[GpuSample]:
+        with self._lock:
+            self._drain_xid()
+            out = [self._sample_device(dev) for dev in self.devices]
+        self._procinfo.forget_except({p.pid for g in out for p in g.processes})
+        return out
+
+    def _sample_device(self, dev: _Device) -> GpuSample:
+        s = GpuSample(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id)
+        if dev.lost:
+            s.lost = True
+            return s
+        try:
+            self._fill(dev, s)
+        except _GpuLost:
+            dev.lost = True
+            s.lost = True
+            log.error("GPU %d (%s) is lost; isolating it", dev.index, dev.uuid)
+        s.xid_events_total = dict(dev.xid_total)
+        s.last_xid = dev.last_xid
+        return s
+
+    def _fill(self, dev: _Device, s: GpuSample) -> None:
+        mem = None
+        if dev.memory_v2:
+            mem = dev.get("memory_v2", pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlMemory_v2)
+            if mem is None and "memory_v2" in dev.unsupported:
+                dev.memory_v2 = False
+        if mem is None and not dev.memory_v2:
+            mem = dev.get("memory", pynvml.nvmlDeviceGetMemoryInfo)
+        if mem is not None:
+            s.memory_total_bytes = int(mem.total)
+            s.memory_used_bytes = int(mem.used)  # v2: excludes driver-reserved memory
+            s.memory_free_bytes = int(mem.free)
+            if dev.memory_v2:
+                s.memory_reserved_bytes = int(mem.reserved)
+        util = dev.get("utilization", pynvml.nvmlDeviceGetUtilizationRates)
+        if util is not None:
+            s.utilization_ratio = util.gpu / 100.0
+            s.memory_utilization_ratio = util.memory / 100.0
+        gpu_sensor = pynvml.NVML_TEMPERATURE_GPU
+        temp = dev.get("temperature_v", pynvml.nvmlDeviceGetTemperatureV, gpu_sensor)
+        if temp is None and "temperature_v" in dev.unsupported:  # older driver
+            temp = dev.get("temperature", pynvml.nvmlDeviceGetTemperature, gpu_sensor)
+        if temp is not None:
+            s.temperature_celsius = float(temp)
+        power = dev.get("power", pynvml.nvmlDeviceGetPowerUsage)
+        if power is not None:
+            s.power_watts = power / 1000.0
+        limit = dev.get("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit)
+        if limit is not None:
+            s.power_limit_watts = limit / 1000.0
+        sm = dev.get("sm_clock", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
+        if sm is not None:
+            s.sm_clock_hz = sm * 1e6
+        memclk = dev.get("mem_clock", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM)
+        if memclk is not None:
+            s.memory_clock_hz = memclk * 1e6
+        s.clocks_event_reasons = dev.get(
+            "clocks_event_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons
+        )
+        s.ecc_volatile_corrected_total = dev.get(
+            "ecc_corrected", pynvml.nvmlDeviceGetTotalEccErrors,
+            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC,
+        )
+        s.ecc_volatile_uncorrected_total = dev.get(
+            "ecc_uncorrected", pynvml.nvmlDeviceGetTotalEccErrors,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC,
+        )
+        rows = dev.get("remapped_rows", pynvml.nvmlDeviceGetRemappedRows)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            s.remapped_rows_correctable = int(corr)
+            s.remapped_rows_uncorrectable = int(unc)
+            s.remapped_rows_pending = bool(pending)
+            s.remapped_rows_failure = bool(failure)
+        s.processes = self._processes(dev)
+
+    def _processes(self, dev: _Device) -> list:
+        found: dict[int, tuple[int | None, str]] = {}
+        for kind, (latest, v2) in _PROCESS_LISTS.items():
+            field = f"processes_{kind}"
+            procs = dev.get(field, dev.fallbacks.get(field, latest), fallback=v2)
+            for p in procs or ():
+                # usedGpuMemory is None where the driver cannot tell (WDDM, some MIG setups);
+                # a pid in several lists keeps its first kind (compute before graphics).
+                prev_used, first_kind = found.get(p.pid, (None, kind))
+                known = [u for u in (prev_used, p.usedGpuMemory) if u is not None]
+                found[p.pid] = (max(known) if known else None, first_kind)
+        return [
+            self._procinfo.describe(pid, None if used is None else int(used), kind)
+            for pid, (used, kind) in sorted(found.items())
+        ]
+
+    def sample_slow(self, now: float) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        with self._lock:
+            devices = [d for d in self.devices if not d.lost]
+        for dev in devices:
+            fields: dict[str, float] = {}
+            try:
+                energy = dev.get("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption)
+                if energy is not None:
+                    fields["energy_joules_total"] = energy / 1000.0  # mJ
+                # Each PCIe call samples a byte counter for 20 ms by design.
+                tx = dev.get("pcie_tx", pynvml.nvmlDeviceGetPcieThroughput,
+                             pynvml.NVML_PCIE_UTIL_TX_BYTES)
+                rx = dev.get("pcie_rx", pynvml.nvmlDeviceGetPcieThroughput,
+                             pynvml.NVML_PCIE_UTIL_RX_BYTES)
+                if tx is not None:
+                    fields["pcie_tx_bytes_per_second"] = tx * 1024.0  # KB/s
+                if rx is not None:
+                    fields["pcie_rx_bytes_per_second"] = rx * 1024.0
+            except _GpuLost:
+                dev.lost = True
+                continue
+            out[dev.uuid] = fields
+        return out

@@ -1,0 +1,143 @@
+"""A simulated NVML host behind the same backend interface (`gpuwatch run --simulate`).
+
+Deterministic for a given seed and sampling times: every value is a function of the time
+since the first sample, so two runs (or a run and its replay) agree.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpuwatch.model import EngineSample, GpuSample, ProbeSample, ProcessSample
+from gpuwatch.sources.simulate import scenarios
+from gpuwatch.sources.simulate.engine_text import vllm_exposition
+from gpuwatch.sources.simulate.trajectory import GIB, MB, ProcessSpec, generation, used_bytes
+
+CONTEXT_BYTES = 500 * MB  # CUDA context and non-PyTorch allocations per process
+SCENARIOS = tuple(scenarios.SCENARIOS)
+SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _pid(spec: ProcessSpec, gen: int) -> int:
+    return 40000 + spec.slot * 1000 + gen
+
+
+class SimulatedBackend:
+    name = "simulate"
+    driver_version = "580.00.00-simulated"
+
+    def __init__(self, scenario: str, seed: int = 0, interval: float = 2.0) -> None:
+        self.scenario = scenarios.get(scenario)
+        self.seed = seed
+        self.interval = interval
+        self.start: float | None = None
+        self._last_engines: float | None = None
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def _elapsed(self, now: float) -> float:
+        if self.start is None:
+            self.start = now
+        return now - self.start
+
+    def _alive(self, elapsed: float):
+        """(gpu index, spec, generation, age, used bytes, phase) of every running process."""
+        k = int(elapsed // self.interval)
+        for g, gpu in enumerate(self.scenario.gpus):
+            for spec in gpu.processes:
+                life = generation(spec, elapsed)
+                if life is None:
+                    continue
+                gen, age = life
+                used, phase = used_bytes(spec, age, self.seed, k)
+                yield g, spec, gen, age, used + CONTEXT_BYTES, phase
+
+    def sample(self, now: float) -> list[GpuSample]:
+        elapsed = self._elapsed(now)
+        out = []
+        alive = list(self._alive(elapsed))
+        for g, gpu in enumerate(self.scenario.gpus):
+            name, total = gpu.model
+            procs = [
+                ProcessSample(
+                    pid=_pid(spec, gen), name=spec.name, user=spec.user,
+                    used_memory_bytes=int(used), create_time=round(now - age, 3),
+                )
+                for gi, spec, gen, age, used, _ in alive if gi == g
+            ]
+            used = min(sum(p.used_memory_bytes or 0 for p in procs) + 64 * MB,
+                       total - gpu.reserved_bytes)
+            util = 0.0 if not procs else 0.55 + 0.35 * math.sin(elapsed / 37.0 + g)
+            out.append(GpuSample(
+                index=g, uuid=f"GPU-5150{g:04d}-sim0-4a1e-9000-{self.seed:012d}",
+                name=name, pci_bus_id=f"00000000:{0x18 + g * 0x10:02X}:00.0",
+                memory_total_bytes=total, memory_used_bytes=int(used),
+                memory_free_bytes=int(total - gpu.reserved_bytes - used),
+                memory_reserved_bytes=gpu.reserved_bytes,
+                utilization_ratio=round(util, 2), memory_utilization_ratio=round(util * 0.6, 2),
+                temperature_celsius=round(38 + 30 * util), power_watts=round(90 + 500 * util, 1),
+                power_limit_watts=700.0, sm_clock_hz=1980e6 if util > 0.05 else 345e6,
+                memory_clock_hz=2619e6, clocks_event_reasons=1 if util <= 0.05 else 0,
+                ecc_volatile_corrected_total=0, ecc_volatile_uncorrected_total=0,
+                remapped_rows_correctable=0, remapped_rows_uncorrectable=0,
+                remapped_rows_pending=False, remapped_rows_failure=False,
+                processes=procs,
+            ))
+        return out
+
+    def sample_slow(self, now: float) -> dict[str, dict]:
+        elapsed = self._elapsed(now)
+        return {
+            g.uuid: {
+                "energy_joules_total": round(300.0 * elapsed, 1),
+                "pcie_tx_bytes_per_second": 2.0e8 * (1 + math.sin(elapsed / 13.0)),
+                "pcie_rx_bytes_per_second": 6.0e8 * (1 + math.cos(elapsed / 11.0)),
+            }
+            for g in self.sample(now)
+        }
+
+    def probes(self, now: float) -> list[ProbeSample]:
+        elapsed = self._elapsed(now)
+        out = []
+        for g, spec, gen, age, used, _ in self._alive(elapsed):
+            if not spec.probe:
+                continue
+            reserved = max(used - CONTEXT_BYTES, 0)
+            # Fragmentation builds up over a minute once serving starts.
+            f = min(max((age - 20.0) / 60.0, 0.0), 1.0) if spec.probe == "fragmenting" else 0
+            total_free = reserved * (0.08 + 0.30 * f)
+            free_blocks = int(12 + 1200 * f)
+            largest = total_free * (0.75 - 0.65 * f)
+            out.append(ProbeSample(
+                pid=_pid(spec, gen), t=now, device=g, create_time=round(now - age, 3),
+                allocated_bytes=int(reserved - total_free), reserved_bytes=int(reserved),
+                inactive_split_bytes=int(total_free * (0.2 + 0.75 * f)),
+                num_alloc_retries=int(40 * f), num_ooms=0, free_blocks=free_blocks,
+                largest_free_block_bytes=int(largest),
+                smallest_free_block_bytes=int(min(largest, 2 * MB if f > 0.1 else 300 * MB)),
+                total_free_bytes=int(total_free), segments=int(reserved // (2 * GIB)) + 3,
+            ))
+        return out
+
+    def engines(self, now: float) -> list[EngineSample]:
+        """Expositions of the simulated engines, every engines_every_seconds."""
+        every = self.scenario.engines_every_seconds
+        if self._last_engines is not None and now - self._last_engines < every - 1e-6:
+            return []
+        self._last_engines = now
+        elapsed = self._elapsed(now)
+        out = []
+        for _, spec, gen, age, _, phase in self._alive(elapsed):
+            if not spec.engine:
+                continue
+            text = None if phase == "loading" else vllm_exposition(age, SIM_MODEL)
+            out.append(EngineSample(
+                name=spec.engine, kind="vllm", url=f"simulate://{spec.engine}/metrics",
+                exposition=text, error="connection refused (loading)" if text is None else None,
+                t=now, duration_seconds=0.001, pids=[_pid(spec, gen)],
+            ))
+        return out

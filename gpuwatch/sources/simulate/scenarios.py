@@ -1,0 +1,141 @@
+"""The simulated hosts `--simulate SCENARIO` offers."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+from gpuwatch.sources.simulate.trajectory import GIB, MB, ProcessSpec
+
+MIB = 1024 * 1024
+
+# (NVML name, total memory as NVML reports it)
+A100_80 = ("NVIDIA A100-SXM4-80GB", 81920 * MIB)
+H100_80 = ("NVIDIA H100 80GB HBM3", 81559 * MIB)
+L40S = ("NVIDIA L40S", 46068 * MIB)
+RTX4090 = ("NVIDIA GeForce RTX 4090", 24564 * MIB)
+H200 = ("NVIDIA H200", 143771 * MIB)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    model: tuple[str, int]
+    processes: tuple[ProcessSpec, ...] = ()
+    # Driver-reserved memory (memory-info v2 `reserved`), not counted in `used`.
+    reserved_bytes: int = 512 * MIB
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    gpus: tuple[GpuSpec, ...]
+    engines_every_seconds: float = 5.0
+    extra: dict = field(default_factory=dict)
+
+
+def _server(slot: int, weights_gb: float, **kw) -> ProcessSpec:
+    return ProcessSpec(slot=slot, name=kw.pop("name", "python3"),
+                       weights_bytes=weights_gb * GIB, **kw)
+
+
+def _vllm(slot: int, total: int, utilization: float = 0.9, **kw) -> ProcessSpec:
+    """vLLM pre-allocates its KV pool up to gpu_memory_utilization: high and flat."""
+    return ProcessSpec(
+        slot=slot, name="vllm", weights_bytes=total * utilization - 1.5 * GIB,
+        steady_extra_bytes=1.0 * GIB, warmup_peak_bytes=0.5 * GIB,
+        sawtooth_bytes=0.0, noise_bytes=1 * MB, engine=kw.pop("engine", "vllm-sim-0"), **kw,
+    )
+
+
+def steady() -> Scenario:
+    return Scenario(
+        "steady", "two A100-80GB serving steadily: warm-up, plateau, allocator sawtooth",
+        (
+            GpuSpec(A100_80, (_server(0, 30, transient_bytes=600 * MB),)),
+            GpuSpec(A100_80, (_server(1, 24), _server(2, 8, name="embedder"))),
+        ),
+    )
+
+
+def leak() -> Scenario:
+    return Scenario(
+        "leak", "one A100-80GB; one process leaks 50 MB/s from about 20 s after start",
+        (
+            GpuSpec(A100_80, (
+                _server(0, 20),
+                _server(1, 10, name="leaky-worker", leak_bytes_per_second=50 * MB,
+                        leak_after_seconds=20.0),
+            )),
+        ),
+    )
+
+
+def fragmentation() -> Scenario:
+    return Scenario(
+        "fragmentation", "one A100-80GB; a PyTorch process whose allocator fragments (probe)",
+        (
+            GpuSpec(A100_80, (
+                _server(0, 30, name="trainer", probe="fragmenting", sawtooth_bytes=0.0),
+                _server(1, 12, probe="healthy"),
+            )),
+        ),
+    )
+
+
+def mixed() -> Scenario:
+    return Scenario(
+        "mixed",
+        "4 GPUs of different models, several processes each, a vLLM engine, one slow leak",
+        (
+            GpuSpec(A100_80, (
+                _server(0, 40, probe="healthy", transient_bytes=800 * MB),
+                _server(1, 14, name="reranker"),
+            )),
+            GpuSpec(H100_80, (_vllm(2, H100_80[1]),)),
+            GpuSpec(L40S, (
+                _server(3, 16, name="embedder"),
+                # 30 MB/min: a slow leak (above the table's 12 MB/min warning slope)
+                _server(4, 6, name="tokenizer-svc", leak_bytes_per_second=0.5 * MB,
+                        leak_after_seconds=30.0, probe="fragmenting"),
+                _server(5, 4, name="asr"),
+            )),
+            GpuSpec(RTX4090, (_server(6, 12), _server(7, 3, name="tts"))),
+        ),
+    )
+
+
+def large() -> Scenario:
+    """8 GPUs x 64 processes: the /metrics latency benchmark's host."""
+    rng = random.Random(8)
+    gpus = []
+    for g in range(8):
+        procs = tuple(
+            _server(g * 64 + i, rng.uniform(0.5, 1.6), steady_extra_bytes=0.2 * GIB,
+                    warmup_peak_bytes=0.3 * GIB, sawtooth_bytes=32 * MB)
+            for i in range(64)
+        )
+        gpus.append(GpuSpec(H200, procs))
+    return Scenario("large", "8 H200 x 64 processes each (benchmark host)", tuple(gpus))
+
+
+SCENARIOS = {f.__name__: f for f in (steady, leak, fragmentation, mixed, large)}
+
+
+def get(name: str) -> Scenario:
+    try:
+        scenario = SCENARIOS[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}"
+        ) from None
+    # A process OOMs when the GPU has no room left for it.
+    gpus = []
+    for gpu in scenario.gpus:
+        total = gpu.model[1] - gpu.reserved_bytes
+        others = sum(p.weights_bytes + p.steady_extra_bytes for p in gpu.processes)
+        gpus.append(replace(gpu, processes=tuple(
+            replace(p, limit_bytes=total - (others - p.weights_bytes - p.steady_extra_bytes))
+            for p in gpu.processes
+        )))
+    return replace(scenario, gpus=tuple(gpus))
