@@ -1,0 +1,69 @@
+"""Fixtures that start real processes; each is stopped when the test ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import helpers
+
+
+def _factory(request, tmp_path, cls):
+    started: list[helpers.Proc] = []
+
+    def start(*args, **kwargs):
+        proc = cls(tmp_path, *args, **kwargs)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in reversed(started):
+        proc.stop()
+        if getattr(request.node, "rep_call_failed", False):
+            print(f"--- {proc.log_path.name} ---\n{proc.output()[-4000:]}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.rep_call_failed = report.failed
+    return report
+
+
+@pytest.fixture
+def daemon(request, tmp_path):
+    """start(*cli_args, config_toml=None, env=None) -> helpers.Daemon (ready)."""
+    yield from _factory(request, tmp_path, helpers.Daemon)
+
+
+@pytest.fixture
+def prometheus(request, tmp_path):
+    """start(targets, scrape_interval="1s", rule_files=(), alertmanager_url=None)."""
+    yield from _factory(request, tmp_path, helpers.Prometheus)
+
+
+@pytest.fixture
+def alertmanager(request, tmp_path):
+    """start(config_yaml) -> helpers.Alertmanager."""
+    yield from _factory(request, tmp_path, helpers.Alertmanager)
+
+
+def _gpu_available() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return n > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no NVIDIA GPU/driver on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

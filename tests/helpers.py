@@ -1,0 +1,190 @@
+"""Real processes for tests: the daemon, Prometheus and Alertmanager on loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def wait_until(fn, timeout: float, interval: float = 0.25, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(
+            f"{name} is not installed; the README's test command installs it "
+            "(Debian packages prometheus, prometheus-alertmanager)"
+        )
+    return path
+
+
+class Proc:
+    """A child process whose output goes to a file, stopped with SIGTERM then SIGKILL."""
+
+    def __init__(self, argv: list[str], workdir: Path, name: str, env=None) -> None:
+        self.log_path = workdir / f"{name}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the child
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, cwd=workdir)
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class Daemon(Proc):
+    def __init__(self, workdir: Path, *args: str, config_toml: str | None = None,
+                 env: dict | None = None, wait_ready: bool = True) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.url = f"http://{self.address}"
+        argv = [sys.executable, "-m", "gpuwatch", "run", "--listen", self.address]
+        if config_toml is not None:
+            cfg = workdir / f"gpuwatch-{self.port}.toml"
+            cfg.write_text(config_toml)
+            argv += ["--config", str(cfg)]
+        argv += list(args)
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        super().__init__(argv, workdir, f"gpuwatch-{self.port}", env=full_env)
+        if wait_ready:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        def ready():
+            if not self.alive():
+                raise RuntimeError(f"daemon exited: {self.output()}")
+            return http_get(self.url + "/readyz", 1.0)[0] == 200
+        wait_until(ready, timeout, what="daemon /readyz")
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        return http_get(self.url + path)
+
+    def state(self) -> dict:
+        return json.loads(self.get("/api/state")[1])
+
+    def metrics(self) -> str:
+        return self.get("/metrics")[1].decode()
+
+
+class Prometheus(Proc):
+    def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s",
+                 rule_files=(), alertmanager_url: str | None = None, job: str = "gpuwatch"):
+        binary = require_binary("prometheus")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        d = workdir / f"prometheus-{self.port}"
+        d.mkdir()
+        config = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": "1s",
+                       "scrape_timeout": "1s" if scrape_interval == "1s" else "5s"},
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
+        }
+        if rule_files:
+            config["rule_files"] = [str(Path(f).resolve()) for f in rule_files]
+        if alertmanager_url:
+            host = urllib.parse.urlparse(alertmanager_url).netloc
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [host]}]}]}
+        (d / "prometheus.yml").write_text(yaml.safe_dump(config))
+        argv = [binary, f"--config.file={d / 'prometheus.yml'}",
+                f"--storage.tsdb.path={d / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+        super().__init__(argv, d, "prometheus")
+        wait_until(lambda: http_get(self.url + "/-/ready", 1.0)[0] == 200, 30,
+                   what="prometheus ready")
+
+    def api(self, path: str, **params) -> dict:
+        url = f"{self.url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        _, body = http_get(url, 10.0)
+        data = json.loads(body)
+        if data.get("status") != "success":
+            raise ValueError(f"prometheus {path} {params}: {data}")
+        return data["data"]
+
+    def query(self, expr: str) -> list:
+        return self.api("query", query=expr)["result"]
+
+    def wait_for(self, expr: str, timeout: float = 30.0) -> list:
+        return wait_until(lambda: self.query(expr), timeout, what=f"PromQL {expr!r}")
+
+    def alerts(self) -> list:
+        return self.api("alerts")["alerts"]
+
+    def targets(self) -> list:
+        return self.api("targets")["activeTargets"]
+
+
+class Alertmanager(Proc):
+    def __init__(self, workdir: Path, config_yaml: str) -> None:
+        binary = require_binary("prometheus-alertmanager")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        d = workdir / f"alertmanager-{self.port}"
+        d.mkdir()
+        (d / "alertmanager.yml").write_text(config_yaml)
+        argv = [binary, f"--config.file={d / 'alertmanager.yml'}",
+                f"--storage.path={d / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=", "--log.level=warn"]
+        super().__init__(argv, d, "alertmanager")
+        wait_until(lambda: http_get(self.url + "/-/ready", 1.0)[0] == 200, 30,
+                   what="alertmanager ready")
+
+    def alerts(self) -> list:
+        return json.loads(http_get(self.url + "/api/v2/alerts")[1])
