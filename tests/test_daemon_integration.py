@@ -38,7 +38,6 @@ def test_promtool_check_metrics_is_clean(daemon):
 
 
 def test_without_gpu_keeps_serving_with_nvml_down(daemon):
-    # NVML is pointed at a library that does not exist, on any machine.
     d = daemon()
     body = d.metrics()
     state = d.state()
