@@ -77,14 +77,12 @@ class _Device:
         return None
 
 
-# Process lists: the unversioned wrapper (v3) and the v2 fallback for older drivers.
+# Process lists: the unversioned wrapper (v3) and the v2 fallback for older drivers
+# (looked up by name at call time).
 _PROCESS_LISTS = {
-    "compute": (pynvml.nvmlDeviceGetComputeRunningProcesses,
-                pynvml.nvmlDeviceGetComputeRunningProcesses_v2),
-    "graphics": (pynvml.nvmlDeviceGetGraphicsRunningProcesses,
-                 pynvml.nvmlDeviceGetGraphicsRunningProcesses_v2),
-    "mps": (pynvml.nvmlDeviceGetMPSComputeRunningProcesses,
-            pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v2),
+    kind: (f"nvmlDevice{fn}RunningProcesses", f"nvmlDevice{fn}RunningProcesses_v2")
+    for kind, fn in (("compute", "GetCompute"), ("graphics", "GetGraphics"),
+                     ("mps", "GetMPSCompute"))
 }
 
 
@@ -265,7 +263,8 @@ class NvmlBackend:
         found: dict[int, tuple[int | None, str]] = {}
         for kind, (latest, v2) in _PROCESS_LISTS.items():
             field = f"processes_{kind}"
-            procs = dev.get(field, dev.fallbacks.get(field, latest), fallback=v2)
+            fn = dev.fallbacks.get(field) or getattr(pynvml, latest)
+            procs = dev.get(field, fn, fallback=getattr(pynvml, v2))
             for p in procs or ():
                 # usedGpuMemory is None where the driver cannot tell (WDDM, some MIG setups);
                 # a pid in several lists keeps its first kind (compute before graphics).

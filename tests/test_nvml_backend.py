@@ -1,0 +1,190 @@
+"""The NVML backend against a fake driver raising each NVML error."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pynvml
+import pytest
+
+from gpuwatch.exporter.snapshot import SourceStatus
+from gpuwatch.sources.base import BackendUnavailable
+from gpuwatch.sources.nvml import NvmlBackend
+from tests.fake_nvml import GIB, FakeGpu, FakeNvml, err, proc
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    gpus = [FakeGpu(0), FakeGpu(1, name="NVIDIA A100-SXM4-80GB", total=80 * GIB)]
+    gpus[0].processes = [proc(os.getpid(), 2 * GIB), proc(999_999_99, None)]
+    fake = FakeNvml(gpus)
+    fake.install(monkeypatch)
+    backend = NvmlBackend()
+    backend.open()
+    return fake, backend
+
+
+def test_units_and_identity(two_gpus):
+    _, backend = two_gpus
+    s = backend.sample(1000.0)
+    g = s[0]
+    assert [x.uuid for x in s] == ["GPU-fake-0", "GPU-fake-1"]
+    assert g.memory_used_bytes == 10 * GIB  # v2 used, without reserved
+    assert g.memory_reserved_bytes == 512 * 1024**2
+    assert g.utilization_ratio == pytest.approx(0.37)
+    assert g.power_watts == pytest.approx(123.456)
+    assert g.sm_clock_hz == 1980e6 and g.memory_clock_hz == 3201e6
+    assert g.temperature_celsius == 51
+    assert g.clocks_event_reasons == 0x4
+    assert g.ecc_volatile_corrected_total == 3 and g.ecc_volatile_uncorrected_total == 0
+    assert g.remapped_rows_correctable == 1 and g.remapped_rows_pending is False
+    assert backend.driver_version == "580.159.03"
+
+
+def test_processes_joined_with_host_and_unknown_memory(two_gpus):
+    _, backend = two_gpus
+    procs = {p.pid: p for p in backend.sample(0)[0].processes}
+    me = procs[os.getpid()]
+    assert me.used_memory_bytes == 2 * GIB
+    assert me.name and me.create_time is not None  # psutil knows this process
+    ghost = procs[999_999_99]
+    assert ghost.used_memory_bytes is None  # NVML could not tell: absent, never 0
+    assert ghost.name == "" and ghost.create_time is None
+
+
+def test_not_supported_is_remembered_per_gpu_and_field(two_gpus):
+    fake, backend = two_gpus
+    fake.gpus[0].fail["power"] = err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    for _ in range(3):
+        s = backend.sample(0)
+    assert s[0].power_watts is None
+    assert s[1].power_watts == pytest.approx(123.456)  # the other GPU still answers
+    assert fake.calls[("power", 0)] == 1
+    assert fake.calls[("power", 1)] == 3
+
+
+def test_transient_error_is_asked_again(two_gpus):
+    fake, backend = two_gpus
+    fake.gpus[0].fail["utilization"] = err(pynvml.NVML_ERROR_UNKNOWN)
+    assert backend.sample(0)[0].utilization_ratio is None
+    del fake.gpus[0].fail["utilization"]
+    assert backend.sample(0)[0].utilization_ratio == pytest.approx(0.37)
+
+
+def test_lost_gpu_is_isolated(two_gpus):
+    fake, backend = two_gpus
+    fake.gpus[1].fail["utilization"] = err(pynvml.NVML_ERROR_GPU_IS_LOST)
+    s = backend.sample(0)
+    assert s[1].lost and not s[0].lost
+    assert s[0].memory_used_bytes == 10 * GIB
+    before = sum(n for (f, i), n in fake.calls.items() if i == 1)
+    s = backend.sample(0)
+    assert s[1].lost
+    assert sum(n for (f, i), n in fake.calls.items() if i == 1) == before  # not queried again
+    assert backend.sample_slow(0).keys() == {"GPU-fake-0"}
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+                                  pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+                                  pynvml.NVML_ERROR_NO_PERMISSION])
+def test_init_failure_is_unavailable_with_reason(monkeypatch, code):
+    FakeNvml([], init_error=err(code)).install(monkeypatch)
+    with pytest.raises(BackendUnavailable) as info:
+        NvmlBackend().open()
+    assert str(err(code)) in str(info.value)
+
+
+def test_library_mismatch_on_process_list_falls_back_to_v2(two_gpus, monkeypatch):
+    fake, backend = two_gpus
+
+    def mismatch(h):
+        raise pynvml.NVMLLibraryMismatchError("unversioned function")
+
+    assert not issubclass(pynvml.NVMLLibraryMismatchError, pynvml.NVMLError)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", mismatch)
+    fake.gpus[0].processes = [proc(4242, GIB)]
+
+    def v2(h):
+        fake.calls[("compute_v2", h.index)] += 1
+        return list(h.processes)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses_v2", v2)
+    assert [p.pid for p in backend.sample(0)[0].processes] == [4242]
+    assert [p.pid for p in backend.sample(0)[0].processes] == [4242]
+    assert fake.calls[("compute_v2", 0)] == 2
+
+
+def test_mismatch_without_fallback_is_remembered(two_gpus, monkeypatch):
+    fake, backend = two_gpus
+    calls = []
+
+    def mismatch(h, *a):
+        calls.append(1)
+        raise pynvml.NVMLLibraryMismatchError("x")
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", mismatch)
+    backend.sample(0)
+    backend.sample(0)
+    assert backend.sample(0)[0].clocks_event_reasons is None
+    assert len(calls) == 2  # once per GPU, then remembered
+
+
+def test_memory_v1_fallback_when_v2_unsupported(two_gpus):
+    fake, backend = two_gpus
+    fake.gpus[0].fail["memory_v2"] = err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    g = backend.sample(0)[0]
+    assert g.memory_used_bytes == 10 * GIB + 512 * 1024**2  # v1 used includes reserved
+    assert g.memory_reserved_bytes is None
+    assert backend.sample(0)[0].memory_total_bytes == 140 * GIB
+
+
+def test_temperature_falls_back_when_v_symbol_missing(two_gpus):
+    fake, backend = two_gpus
+    fake.gpus[0].fail["temperature_v"] = err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    assert backend.sample(0)[0].temperature_celsius == 52
+
+
+def test_xid_events_are_counted_without_blocking(two_gpus):
+    fake, backend = two_gpus
+    from types import SimpleNamespace
+
+    fake.events = [SimpleNamespace(device=fake.gpus[1], eventData=79),
+                   SimpleNamespace(device=fake.gpus[1], eventData=79),
+                   SimpleNamespace(device=fake.gpus[0], eventData=13)]
+    s = backend.sample(0)
+    assert s[1].xid_events_total == {"79": 2} and s[1].last_xid == 79
+    assert s[0].xid_events_total == {"13": 1}
+    assert backend.sample(0)[1].xid_events_total == {"79": 2}  # cumulative, no new events
+
+
+def test_slow_tier_units(two_gpus):
+    _, backend = two_gpus
+    slow = backend.sample_slow(0)["GPU-fake-0"]
+    assert slow["energy_joules_total"] == 5000.0
+    assert slow["pcie_tx_bytes_per_second"] == 1000 * 1024.0
+
+
+def test_sampler_backs_off_and_recovers(monkeypatch):
+    """A missing driver gives nvml down with the reason; the sampler retries with backoff."""
+    from gpuwatch.daemon import GpuSampler
+
+    fake = FakeNvml([FakeGpu(0)], init_error=err(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    fake.install(monkeypatch)
+    status = SourceStatus()
+    sampler = GpuSampler(NvmlBackend(), status, retry_max=60)
+
+    async def go():
+        assert await sampler.sample(0) == []
+        assert not status.up and "Driver Not Loaded" in status.reason
+        assert await sampler.sample(0) == []  # within the backoff: not even tried
+        assert status.errors_total == 1
+        fake.init_error = None
+        sampler._retry_at = 0  # backoff elapsed
+        gpus = await sampler.sample(0)
+        assert status.up and status.reason == "" and len(gpus) == 1
+
+    try:
+        asyncio.run(go())
+    finally:
+        sampler.close()
