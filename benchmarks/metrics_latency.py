@@ -1,0 +1,82 @@
+"""/metrics latency with a simulated 8 GPUs x 64 processes host.
+
+    python -m benchmarks.metrics_latency [--scrapes 2000]
+
+Two figures: scrapes served from the per-tick render cache (what Prometheus sees when it
+scrapes between ticks), and the render itself (paid once per tick, on the first scrape after
+the state changed), measured by forcing a new state version before every call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import platform
+import statistics
+import sys
+import time
+
+from tests.helpers import Daemon
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def render_cost(n: int) -> dict:
+    from gpuwatch.exporter.render import Renderer
+    from gpuwatch.exporter.snapshot import Snapshot
+    from gpuwatch.model import Tick
+    from gpuwatch.sources.simulate import SimulatedBackend
+
+    backend = SimulatedBackend("large")
+    tick = Tick(t=100.0, gpus=backend.sample(100.0))
+    renderer = Renderer()
+    times = []
+    for v in range(n):
+        snap = Snapshot(version=v + 1, tick=tick, ready=True)
+        t0 = time.perf_counter()
+        body = renderer.render(snap)
+        times.append(time.perf_counter() - t0)
+    return {"render_ms_p50": pct(times, 0.5) * 1e3, "render_ms_p99": pct(times, 0.99) * 1e3,
+            "body_bytes": len(body), "series": body.count(b"\n") - body.count(b"\n#")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scrapes", type=int, default=2000)
+    args = ap.parse_args()
+    import pathlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon(pathlib.Path(tmp), "--simulate", "large")
+        try:
+            time.sleep(3)
+            conn = http.client.HTTPConnection("127.0.0.1", d.port)
+            times = []
+            for _ in range(args.scrapes):
+                t0 = time.perf_counter()
+                conn.request("GET", "/metrics")
+                body = conn.getresponse().read()
+                times.append(time.perf_counter() - t0)
+            conn.close()
+        finally:
+            d.stop()
+    res = {
+        "machine": f"{platform.machine()} {platform.processor() or ''} python "
+                   f"{platform.python_version()}".strip(),
+        "scrapes": args.scrapes,
+        "scrape_ms_p50": statistics.median(times) * 1e3,
+        "scrape_ms_p99": pct(times, 0.99) * 1e3,
+        "scrape_body_bytes": len(body),
+        **render_cost(200),
+    }
+    json.dump(res, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
