@@ -26,6 +26,7 @@ from gpuwatch import config as config_mod
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import Event, to_json
 from gpuwatch.exporter.app import make_app
+from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
 from gpuwatch.recording import Recorder
@@ -175,6 +176,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._engine_task: asyncio.Task | None = None
         self._extras: dict[str, Any] = {"driver_version": ""}
+        self.renderer = Renderer()
 
     # -- the tick ---------------------------------------------------------------------
     async def _probes(self, now: float) -> list[ProbeSample]:
@@ -245,6 +247,11 @@ class Daemon:
             extras=dict(self._extras),
             config=self.config,
         )
+        # Render now, off the scrape path: a scrape between ticks only copies bytes.
+        try:
+            self.renderer.render(self.snapshot)
+        except Exception:
+            log.exception("rendering /metrics failed")
 
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -327,7 +334,7 @@ class Daemon:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
-        app = make_app(lambda: self.snapshot)
+        app = make_app(lambda: self.snapshot, self.renderer)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True)

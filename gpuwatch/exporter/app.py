@@ -25,9 +25,11 @@ LANDING = """<!doctype html><html><head><title>gpuwatch</title></head><body>
 _json = msgspec.json.Encoder()
 
 
-def make_app(get_snapshot: Callable[[], Snapshot],
+def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = None,
              extra_routes: Iterable[web.RouteDef] = ()) -> web.Application:
-    renderer = Renderer()
+    """renderer: shared with the daemon, which renders each new state as it publishes it,
+    so a scrape only copies bytes."""
+    renderer = renderer or Renderer()
 
     async def metrics(request: web.Request) -> web.Response:
         body = renderer.render(get_snapshot())

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, generate_latest
-
 from gpuwatch.exporter import families
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.exporter.text import exposition
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +32,13 @@ class SnapshotCollector:
 
 class Renderer:
     def __init__(self) -> None:
-        self._collector = SnapshotCollector()
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(self._collector)
+        self.collector = SnapshotCollector()
         self._cache: tuple[int, bytes] | None = None
 
     def render(self, snap: Snapshot) -> bytes:
         if self._cache is not None and self._cache[0] == snap.version:
             return self._cache[1]
-        self._collector.snapshot = snap
-        body = generate_latest(self._registry)
+        self.collector.snapshot = snap
+        body = exposition(self.collector.collect())
         self._cache = (snap.version, body)
         return body

@@ -1,0 +1,40 @@
+"""Prometheus text format (0.0.4) for our own metric families.
+
+prometheus_client's generate_latest validates and escapes every label *name* on every
+sample (UTF-8 name support), which made it most of the cost of a scrape on a large host.
+Our label names are fixed and valid, so only values need escaping. The output is byte-for-
+byte what generate_latest writes (tests/test_exporter_text.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+from prometheus_client.utils import floatToGoString
+
+_TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram",
+          "summary": "summary", "info": "gauge", "stateset": "gauge", "unknown": "untyped",
+          "gaugehistogram": "histogram"}
+
+
+def _escape(v: str) -> str:
+    if "\\" in v or "\n" in v or '"' in v:
+        return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return v
+
+
+def exposition(metrics: Iterable[Metric]) -> bytes:
+    out: list[str] = []
+    for m in metrics:
+        name = m.name + ("_total" if m.type == "counter" else "_info" if m.type == "info"
+                         else "")
+        doc = m.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TYPES[m.type]}\n")
+        for s in m.samples:
+            if s.labels:
+                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
+                out.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n")
+            else:
+                out.append(f"{s.name} {floatToGoString(s.value)}\n")
+    return "".join(out).encode()
