@@ -99,7 +99,8 @@ class Daemon(Proc):
             cfg.write_text(config_toml)
             argv += ["--config", str(cfg)]
         argv += list(args)
-        full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
         super().__init__(argv, workdir, f"gpuwatch-{self.port}", env=full_env)
         if wait_ready:
             self.wait_ready()
