@@ -89,7 +89,7 @@ def test_torch_process_8gib_appears_with_pid(daemon, tmp_path):
         used = wait_until(seen, 20, what="the torch process in /metrics")
         assert used >= 8 * GIB
         body = d.metrics()
-        out_dir = os.environ.get("GPUWATCH_GPU_EVIDENCE_DIR")
+        out_dir = os.environ.get("EVIDENCE_DIR")
         if out_dir:  # keep the run's output as evidence
             with open(os.path.join(out_dir, "gpu-metrics.prom"), "w") as f:
                 f.write(body)
