@@ -116,7 +116,7 @@ def test_library_mismatch_on_process_list_falls_back_to_v2(two_gpus, monkeypatch
 
 
 def test_mismatch_without_fallback_is_remembered(two_gpus, monkeypatch):
-    fake, backend = two_gpus
+    _, backend = two_gpus
     calls = []
 
     def mismatch(h, *a):

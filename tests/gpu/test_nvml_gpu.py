@@ -79,8 +79,8 @@ def test_torch_process_8gib_appears_with_pid(daemon, tmp_path):
         d = daemon("--record", str(tmp_path / "gpu-run.jsonl"),
                    env={"GPUWATCH_NVML_FAST_INTERVAL_SECONDS": "1"})
         pattern = re.compile(
-            r'^gpuwatch_process_gpu_memory_used_bytes\{[^}]*pid="%d"[^}]*\} (\S+)$'
-            % child.pid, re.M)
+            r'^gpuwatch_process_gpu_memory_used_bytes\{[^}]*pid="' + str(child.pid)
+            + r'"[^}]*\} (\S+)$', re.M)
 
         def seen():
             m = pattern.search(d.metrics())
