@@ -1,0 +1,360 @@
+"""EngineAnalyzer: recorded engine scrapes -> derived.engines and engine events.
+
+Pure: it reads only the Tick (each EngineSample's raw exposition or error) and keeps its
+own windows, so `gpuwatch replay` of a recording reproduces the live run exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpuwatch.engines.config import DiscoveryConfig, KvCacheSignalConfig, QueueSignalConfig
+from gpuwatch.engines.normalize import common as c
+from gpuwatch.engines.normalize import read
+from gpuwatch.engines.state import EngineState
+from gpuwatch.engines.windows import CounterBank, Window, histogram_quantile
+from gpuwatch.events import Event
+from gpuwatch.model import EngineSample, Tick
+from gpuwatch.signals.conditions import Conditions
+from gpuwatch.signals.derived import Derived
+
+SIGNALS = ("engine_down", "kv_cache_hit_ratio", "queue_latency")
+ALL_MISSING_KEYS = (
+    c.REQUESTS_RUNNING, c.REQUESTS_WAITING, c.KV_USAGE, c.PREFIX_CACHE, c.KV_HIT_RATIO,
+    c.QUEUE_LATENCY, c.QUEUE_MEAN, c.PREEMPTION,
+)
+
+
+def qlabel(q: float) -> str:
+    return format(q, "g")
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+@dataclass
+class _Track:
+    """Per-engine memory that is not part of the published state."""
+
+    bank: CounterBank
+    kv: Window
+    queue: Window
+    last_sample_t: float = 0.0
+    start_time: float | None = None
+    has_histogram: bool = False
+
+
+class EngineAnalyzer:
+    def __init__(self, config=None) -> None:
+        self.configured = {e.name: e for e in (getattr(config, "engines", None) or [])}
+        self.discovery = getattr(config, "discovery", None) or DiscoveryConfig()
+        signals = getattr(config, "signals", None)
+        self.kv_cfg: KvCacheSignalConfig = (
+            getattr(signals, "kv_cache", None) or KvCacheSignalConfig()
+        )
+        self.queue_cfg: QueueSignalConfig = (
+            getattr(signals, "queue", None) or QueueSignalConfig()
+        )
+        self.quantiles = sorted({*self.queue_cfg.quantiles, self.queue_cfg.slo_quantile})
+        self.tracks: dict[str, _Track] = {}
+
+    # -- the Analyzer protocol ------------------------------------------------------------
+
+    def update(self, tick: Tick, derived: Derived, conditions: Conditions) -> list[Event]:
+        events: list[Event] = []
+        touched: dict[str, float] = {}
+        for sample in tick.engines:
+            t = sample.t if sample.t is not None and math.isfinite(sample.t) else tick.t
+            st = derived.engines.get(sample.name)
+            if not isinstance(st, EngineState):
+                st = derived.engines[sample.name] = EngineState(name=sample.name)
+            self._ingest(sample, st, t)
+            touched[sample.name] = t
+        if tick.gpus:
+            self._link_gpus(tick, derived)
+        for name in touched:
+            events += self._judge(tick.t, derived.engines[name], conditions)
+        events += self._forget(tick.t, derived, conditions)
+        return events
+
+    # -- ingest ---------------------------------------------------------------------------
+
+    def _track(self, name: str) -> _Track:
+        tr = self.tracks.get(name)
+        if tr is None:
+            tr = self.tracks[name] = _Track(
+                bank=CounterBank(),
+                kv=Window(self.kv_cfg.window_seconds),
+                queue=Window(self.queue_cfg.window_seconds),
+            )
+        return tr
+
+    def _ingest(self, sample: EngineSample, st: EngineState, t: float) -> None:
+        tr = self._track(sample.name)
+        tr.last_sample_t = max(tr.last_sample_t, t)
+        st.url = sample.url
+        st.pids = sorted(set(sample.pids))
+        st.last_scrape = t
+        st.scrape_duration_seconds = _finite(sample.duration_seconds)
+        if sample.kind and sample.kind != "auto" and not st.kind:
+            st.kind = sample.kind
+        if sample.error:
+            self._down(st, sample.error)
+            return
+        if sample.exposition is None:
+            self._down(st, "no exposition in the sample")
+            return
+        try:
+            reading, why = read(sample.exposition, sample.kind or "auto")
+        except Exception as exc:  # a sample must never take the daemon down
+            reading, why = None, f"could not read the exposition: {type(exc).__name__}: {exc}"
+        if reading is None:
+            self._down(st, why)
+            return
+        try:
+            self._up(st, tr, reading, t)
+        except Exception as exc:
+            self._down(st, f"could not normalize the exposition: {type(exc).__name__}: {exc}")
+
+    def _down(self, st: EngineState, reason: str) -> None:
+        st.up = False
+        st.reason = reason[:500]
+        st.consecutive_failures += 1
+        for name in (
+            "requests_running", "requests_waiting", "kv_cache_usage_ratio",
+            "prefix_cache_hits_total", "prefix_cache_queries_total", "preemptions_total",
+            "queue_requests_total", "queue_seconds_total",
+            "kv_cache_hit_ratio", "kv_cache_queries_in_window", "queue_latency_mean_seconds",
+            "queue_requests_in_window", "preemption_rate_per_second",
+        ):
+            setattr(st, name, None)
+        st.queue_latency_seconds = {}
+        st.kv_cache_hit_ratio_source = ""
+        st.missing = {k: "engine down" for k in ALL_MISSING_KEYS}
+
+    def _up(self, st: EngineState, tr: _Track, r: c.Reading, t: float) -> None:
+        st.up = True
+        st.reason = ""
+        st.consecutive_failures = 0
+        st.last_success = t
+        st.kind = r.kind
+        st.generation = r.generation
+        st.model = r.model
+        st.ranks = r.ranks
+        st.cache_config = r.cache_config
+        st.requests_running = _finite(r.requests_running)
+        st.requests_waiting = _finite(r.requests_waiting)
+        st.kv_cache_usage_ratio = _finite(r.kv_cache_usage_ratio)
+        st.missing = dict(r.missing)
+        st.notes = list(r.notes[:20])
+
+        restarted = (
+            r.start_time is not None and tr.start_time is not None and r.start_time != tr.start_time
+        )
+        if r.start_time is not None:
+            tr.start_time = r.start_time
+        if tr.bank.update(r.counters, restarted):
+            st.restarts_detected += 1
+        totals = tr.bank.totals()
+        tr.kv.push(t, {k: totals[k] for k in (c.PREFIX_HITS, c.PREFIX_QUERIES) if k in totals})
+        tr.queue.push(t, {
+            k: v for k, v in totals.items()
+            if k.startswith(c.QUEUE_LE) or k in (c.QUEUE_COUNT, c.QUEUE_SUM, c.PREEMPTIONS)
+        })
+
+        def total(name: str) -> float | None:
+            return _finite(totals.get(name)) if r.has_counter(name) else None
+
+        st.prefix_cache_hits_total = total(c.PREFIX_HITS)
+        st.prefix_cache_queries_total = total(c.PREFIX_QUERIES)
+        st.prefix_cache_unit = r.prefix_unit if st.prefix_cache_queries_total is not None else ""
+        st.preemptions_total = total(c.PREEMPTIONS)
+        st.queue_requests_total = total(c.QUEUE_COUNT)
+        st.queue_seconds_total = total(c.QUEUE_SUM)
+        self._hit_ratio(st, tr, r)
+        self._queue(st, tr, r)
+
+    def _hit_ratio(self, st: EngineState, tr: _Track, r: c.Reading) -> None:
+        w = self.kv_cfg.window_seconds
+        st.kv_cache_hit_ratio = None
+        st.kv_cache_hit_ratio_source = ""
+        st.kv_cache_queries_in_window = None
+        if c.KV_HIT_RATIO in r.missing:
+            return
+        if r.has_counter(c.PREFIX_QUERIES) and r.has_counter(c.PREFIX_HITS):
+            base = tr.kv.base([c.PREFIX_HITS, c.PREFIX_QUERIES])
+            if base is None:
+                st.missing[c.KV_HIT_RATIO] = "needs a second scrape"
+                return
+            last = tr.kv.latest
+            dq = max(last[c.PREFIX_QUERIES] - base[1][c.PREFIX_QUERIES], 0.0)
+            dh = max(last[c.PREFIX_HITS] - base[1][c.PREFIX_HITS], 0.0)
+            st.kv_cache_queries_in_window = dq
+            if dq <= 0:
+                st.missing[c.KV_HIT_RATIO] = f"no prefix-cache queries in the last {w:g}s"
+                return
+            ratio = _finite(min(dh / dq, 1.0))
+            if ratio is None:
+                st.missing[c.KV_HIT_RATIO] = "counters out of range"
+                return
+            st.kv_cache_hit_ratio = ratio
+            st.kv_cache_hit_ratio_source = "window"
+        elif r.hit_ratio_gauge is not None:
+            st.kv_cache_hit_ratio = r.hit_ratio_gauge
+            st.kv_cache_hit_ratio_source = "engine"
+            st.notes.append(f"kv_cache_hit_ratio: {r.hit_ratio_gauge_note}")
+        else:
+            st.missing.setdefault(c.KV_HIT_RATIO, "no prefix-cache metrics in this scrape")
+
+    def _queue(self, st: EngineState, tr: _Track, r: c.Reading) -> None:
+        w = self.queue_cfg.window_seconds
+        st.queue_latency_seconds = {}
+        st.queue_latency_mean_seconds = None
+        st.queue_requests_in_window = None
+        st.preemption_rate_per_second = None
+        tr.has_histogram = bool(r.queue_bounds)
+        if r.queue_bounds:
+            names = [c.bucket_name(b) for b in r.queue_bounds]
+            base = tr.queue.base(names)
+            if base is None:
+                st.missing[c.QUEUE_LATENCY] = "needs a second scrape"
+            else:
+                last = tr.queue.latest
+                deltas = [max(last[n] - base[1][n], 0.0) for n in names]
+                st.queue_requests_in_window = deltas[-1]
+                if deltas[-1] <= 0:
+                    st.missing[c.QUEUE_LATENCY] = f"no request left the queue in the last {w:g}s"
+                else:
+                    for q in self.quantiles:
+                        v = _finite(histogram_quantile(q, r.queue_bounds, deltas))
+                        if v is not None:
+                            st.queue_latency_seconds[qlabel(q)] = v
+        if r.has_counter(c.QUEUE_SUM) and r.has_counter(c.QUEUE_COUNT):
+            base = tr.queue.base([c.QUEUE_SUM, c.QUEUE_COUNT])
+            if base is not None:
+                last = tr.queue.latest
+                n = max(last[c.QUEUE_COUNT] - base[1][c.QUEUE_COUNT], 0.0)
+                s = max(last[c.QUEUE_SUM] - base[1][c.QUEUE_SUM], 0.0)
+                if st.queue_requests_in_window is None:
+                    st.queue_requests_in_window = n
+                if n > 0:
+                    st.queue_latency_mean_seconds = _finite(s / n)
+                else:
+                    st.missing.setdefault(
+                        c.QUEUE_MEAN, f"no request left the queue in the last {w:g}s")
+            else:
+                st.missing.setdefault(c.QUEUE_MEAN, "needs a second scrape")
+        else:
+            st.missing.setdefault(c.QUEUE_MEAN, "no queue-time sum and count in this scrape")
+        if r.has_counter(c.PREEMPTIONS):
+            inc = tr.queue.increase(c.PREEMPTIONS)
+            if inc is not None and inc[1] > 0:
+                st.preemption_rate_per_second = _finite(inc[0] / inc[1])
+
+    # -- GPUs, events, forgetting ---------------------------------------------------------
+
+    def _link_gpus(self, tick: Tick, derived: Derived) -> None:
+        owner: dict[int, list[tuple[str, int]]] = {}
+        for g in tick.gpus:
+            for p in g.processes:
+                owner.setdefault(p.pid, []).append((g.uuid, g.index))
+        for st in derived.engines.values():
+            if isinstance(st, EngineState):
+                st.gpus = {u: i for pid in st.pids for u, i in owner.get(pid, [])}
+
+    def _down_after(self, name: str) -> int:
+        cfg = self.configured.get(name)
+        return cfg.down_after_failures if cfg else self.discovery.down_after_failures
+
+    def _judge(self, t: float, st: EngineState, conditions: Conditions) -> list[Event]:
+        name = st.name
+        events: list[Event] = []
+        need = self._down_after(name)
+        down = None
+        if not st.up and st.consecutive_failures >= need:
+            down = Event(
+                t=t, signal="engine_down", state="firing", severity="critical", engine=name,
+                value=float(st.consecutive_failures), threshold=float(need),
+                message=f"engine {name} down after {st.consecutive_failures} failed "
+                        f"scrape(s): {st.reason}",
+            )
+        events += conditions.set(t, down, ("engine_down", None, None, name))
+        if st.up:
+            events += self._judge_kv(t, st, conditions)
+            events += self._judge_queue(t, st, conditions)
+        elif down is not None:
+            # Its other conditions cannot be judged any more; engine_down says why.
+            events += conditions.set(t, None, ("kv_cache_hit_ratio", None, None, name))
+            events += conditions.set(t, None, ("queue_latency", None, None, name))
+        return events
+
+    def _judge_kv(self, t: float, st: EngineState, conditions: Conditions) -> list[Event]:
+        cfg = self.kv_cfg
+        key = ("kv_cache_hit_ratio", None, None, st.name)
+        ratio = st.kv_cache_hit_ratio
+        if not cfg.floor or ratio is None:
+            return conditions.set(t, None, key)
+        windowed = st.kv_cache_hit_ratio_source == "window"
+        if windowed and (st.kv_cache_queries_in_window or 0.0) < cfg.min_queries:
+            return []  # too little traffic to judge: keep the current state
+        severity, threshold = None, cfg.floor
+        if cfg.critical_floor and ratio < cfg.critical_floor:
+            severity, threshold = "critical", cfg.critical_floor
+        elif ratio < cfg.floor:
+            severity = "warning"
+        if severity is None:
+            return conditions.set(t, None, key)
+        what = (f"over the last {cfg.window_seconds:g}s" if windowed
+                else "as computed by the engine since it started")
+        ev = Event(
+            t=t, signal="kv_cache_hit_ratio", state="firing", severity=severity,
+            engine=st.name, value=ratio, threshold=threshold,
+            message=f"engine {st.name}: KV-cache hit ratio {ratio:.3f} {what} is below "
+                    f"{threshold:g}",
+        )
+        return conditions.set(t, ev, key)
+
+    def _judge_queue(self, t: float, st: EngineState, conditions: Conditions) -> list[Event]:
+        cfg = self.queue_cfg
+        key = ("queue_latency", None, None, st.name)
+        if not cfg.slo_seconds:
+            return conditions.set(t, None, key)
+        q = qlabel(cfg.slo_quantile)
+        value = st.queue_latency_seconds.get(q)
+        what = f"p{float(q) * 100:g} queue time"
+        tr = self.tracks.get(st.name)
+        if value is None and cfg.judge_mean_without_histogram and tr and not tr.has_histogram:
+            value = st.queue_latency_mean_seconds
+            what = "mean queue time (the engine has no queue-time histogram)"
+        if value is None:
+            return conditions.set(t, None, key)
+        if (st.queue_requests_in_window or 0.0) < cfg.min_requests:
+            return []
+        severity, threshold = None, cfg.slo_seconds
+        if cfg.critical_seconds and value > cfg.critical_seconds:
+            severity, threshold = "critical", cfg.critical_seconds
+        elif value > cfg.slo_seconds:
+            severity = "warning"
+        if severity is None:
+            return conditions.set(t, None, key)
+        ev = Event(
+            t=t, signal="queue_latency", state="firing", severity=severity, engine=st.name,
+            value=value, threshold=threshold,
+            message=f"engine {st.name}: {what} {value:.3g}s over the last "
+                    f"{cfg.window_seconds:g}s exceeds {threshold:g}s",
+        )
+        return conditions.set(t, ev, key)
+
+    def _forget(self, t: float, derived: Derived, conditions: Conditions) -> list[Event]:
+        limit = self.discovery.forget_after_seconds
+        gone = {
+            name for name, tr in self.tracks.items() if t - tr.last_sample_t > limit
+        }
+        if not gone:
+            return []
+        for name in gone:
+            del self.tracks[name]
+            derived.engines.pop(name, None)
+        return conditions.retain(t, lambda key: not (key[0] in SIGNALS and key[3] in gone))

@@ -1,0 +1,49 @@
+"""Exposition text -> one normalized Reading, whatever engine wrote it.
+
+Each engine module declares PREFIXES (sample-name prefixes it reads), WANTED (the sample
+names it uses) and normalize(expo, text) -> Reading.
+"""
+
+from __future__ import annotations
+
+from gpuwatch.engines.detect import describe_unrecognized, detect_kind
+from gpuwatch.engines.normalize import llamacpp, sglang, tgi, triton, vllm
+from gpuwatch.engines.normalize.common import Reading
+from gpuwatch.engines.parse import parse
+
+MODULES = {
+    "vllm": vllm,
+    "sglang": sglang,
+    "tgi": tgi,
+    "llamacpp": llamacpp,
+    "triton": triton,
+}
+
+__all__ = ["MODULES", "Reading", "read"]
+
+
+def read(text: str, kind: str = "auto") -> tuple[Reading | None, str]:
+    """(reading, '') for an exposition gpuwatch understands, else (None, why not).
+
+    kind 'auto' recognizes the engine from its metric names; an explicit kind is trusted
+    but must find some of its metrics.
+    """
+    detected = detect_kind(text)
+    if kind == "auto":
+        if detected is None:
+            return None, describe_unrecognized(text)
+        kind = detected
+    module = MODULES[kind]
+    expo = parse(text, module.PREFIXES, module.WANTED)
+    if not any(name != "process_start_time_seconds" for name in expo.samples):
+        why = f"no {kind} metrics in the response"
+        if detected and detected != kind:
+            why += f" (it looks like {detected})"
+        elif expo.skipped_lines:
+            why += f" ({expo.skipped_lines} malformed line(s))"
+        elif detected is None:
+            why += f": {describe_unrecognized(text)}"
+        return None, why
+    reading = module.normalize(expo, text)
+    reading.notes.extend(expo.notes)
+    return reading, ""

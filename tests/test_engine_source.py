@@ -1,0 +1,270 @@
+"""The I/O side: scraping real HTTP servers on loopback, URLs, discovery."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from gpuwatch.engines import discovery
+from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+from gpuwatch.engines.urls import engine_from_url, engines_from_urls, normalize_url
+from gpuwatch.sources.engines import EngineSource, engines_from_flags, redact, scrape
+
+VLLM = (Path(__file__).parent / "fixtures" / "engines" / "vllm-0.33.0-statlogger.prom").read_text()
+
+
+async def serve(handlers: dict) -> tuple[web.AppRunner, int]:
+    app = web.Application()
+    for path, handler in handlers.items():
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, port
+
+
+def cfg(port: int, path: str = "/metrics", **kw) -> EngineConfig:
+    return EngineConfig(name=f"e{path.replace('/', '-')}", url=f"http://127.0.0.1:{port}{path}",
+                        **kw)
+
+
+async def scrape_once(handlers: dict, path: str = "/metrics", **kw):
+    import aiohttp
+
+    from gpuwatch.sources.engines import _headers
+
+    runner, port = await serve(handlers)
+    try:
+        c = cfg(port, path, **kw)
+        async with aiohttp.ClientSession(headers=_headers(c)) as session:
+            return await scrape(session, c, pids=[7])
+    finally:
+        await runner.cleanup()
+
+
+def test_scrape_accepts_any_content_type_and_records_everything():
+    async def h(request):
+        return web.Response(body=VLLM.encode(), content_type="application/octet-stream")
+
+    s = asyncio.run(scrape_once({"/metrics": h}))
+    assert s.error is None and s.exposition == VLLM
+    assert s.kind == "auto" and s.pids == [7] and s.t > 1e9 and s.duration_seconds >= 0
+
+
+def test_scrape_sends_token_and_headers_and_asks_for_text():
+    seen = {}
+
+    async def h(request):
+        seen.update(request.headers)
+        return web.Response(text="vllm:num_requests_running 1\n")
+
+    s = asyncio.run(scrape_once({"/metrics": h}, bearer_token="s3cret",
+                                headers={"X-Tenant": "a"}))
+    assert s.error is None
+    assert seen["Authorization"] == "Bearer s3cret" and seen["X-Tenant"] == "a"
+    assert seen["Accept"].startswith("text/plain")
+
+
+def test_scrape_decompresses_gzip():
+    async def h(request):
+        return web.Response(body=gzip.compress(VLLM.encode()),
+                            headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+
+    assert asyncio.run(scrape_once({"/metrics": h})).exposition == VLLM
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_scrape_refuses_a_body_over_the_cap(chunked):
+    async def h(request):
+        if not chunked:
+            return web.Response(body=b"x" * 300_000)
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for _ in range(40):
+            await resp.write(b"y" * 10_000)
+        await resp.write_eof()
+        return resp
+
+    s = asyncio.run(scrape_once({"/metrics": h}, max_body_bytes=100_000))
+    assert s.exposition is None and "100000-byte limit" in s.error
+
+
+def test_scrape_errors_are_samples():
+    async def boom(request):
+        return web.Response(status=503, text="engine dead")
+
+    s = asyncio.run(scrape_once({"/metrics": boom}))
+    assert s.exposition is None and s.error == "HTTP 503 Service Unavailable"
+    s = asyncio.run(scrape_once({"/other": boom}))
+    assert s.error == "HTTP 404 Not Found"
+
+
+def test_connection_refused():
+    async def go():
+        import aiohttp
+
+        c = EngineConfig(name="x", url="http://127.0.0.1:1/metrics", timeout_seconds=2)
+        async with aiohttp.ClientSession() as session:
+            return await scrape(session, c)
+
+    s = asyncio.run(go())
+    assert s.error.startswith("connection failed")
+
+
+def test_a_slow_endpoint_delays_nobody():
+    """One endpoint answers after 3 s (timeout 0.4 s), another at once: both keep pace."""
+
+    async def slow(request):
+        await asyncio.sleep(3)
+        return web.Response(text=VLLM)
+
+    async def fast(request):
+        return web.Response(text=VLLM)
+
+    async def go():
+        runner, port = await serve({"/slow": slow, "/fast": fast})
+        samples = []
+        src = EngineSource(
+            [cfg(port, "/slow", interval_seconds=0.5, timeout_seconds=0.4),
+             cfg(port, "/fast", interval_seconds=0.2, timeout_seconds=0.4)],
+            DiscoveryConfig())
+        task = asyncio.create_task(src.run(samples.append))
+        await asyncio.sleep(1.6)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.cleanup()
+        return samples
+
+    samples = asyncio.run(go())
+    slow_s = [s for s in samples if s.name == "e-slow"]
+    fast_s = [s for s in samples if s.name == "e-fast"]
+    assert len(fast_s) >= 6 and all(s.error is None for s in fast_s)
+    assert len(slow_s) >= 3
+    assert all("within 0.4s" in s.error for s in slow_s)
+    assert all(s.duration_seconds < 0.6 for s in slow_s)
+
+
+def test_urls_from_flags():
+    assert normalize_url("127.0.0.1:8000") == "http://127.0.0.1:8000/metrics"
+    assert normalize_url("https://h/") == "https://h/metrics"
+    assert normalize_url("http://h:9/custom?x=1") == "http://h:9/custom?x=1"
+    e = engine_from_url("localhost:30000")
+    assert (e.name, e.kind, e.url) == ("localhost:30000", "auto", "http://localhost:30000/metrics")
+    assert engine_from_url("http://[::1]:8000").name == "[::1]:8000"
+    names = [e.name for e in engines_from_flags(["h:1", "http://h:1/metrics", "h:2"])]
+    assert names == ["h:1", "h:1-2", "h:2"]
+    assert [e.name for e in engines_from_urls(["h:1"], taken={"h:1"})] == ["h:1-2"]
+    with pytest.raises(ValueError, match="--engine 'ftp://x'"):
+        engine_from_url("ftp://x")
+    with pytest.raises(ValueError, match=r"(?i)port"):
+        engine_from_url("h:99999")
+
+
+def test_redact_drops_credentials():
+    assert redact("http://u:p@h:1/metrics") == "http://h:1/metrics"
+    assert redact("http://h:1/metrics") == "http://h:1/metrics"
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m", "--port", "8001"],
+     ("vllm", "http://127.0.0.1:8001/metrics")),
+    (["vllm", "serve", "m"], ("vllm", "http://127.0.0.1:8000/metrics")),
+    (["python", "-m", "vllm.entrypoints.openai.api_server", "--host=0.0.0.0", "--port=9000",
+      "--ssl-keyfile", "k", "--ssl-certfile", "c"], ("vllm", "https://127.0.0.1:9000/metrics")),
+    (["vllm", "serve", "m", "--uds", "/tmp/s"], None),
+    (["python3", "-m", "sglang.launch_server", "--model-path", "m", "--enable-metrics"],
+     ("sglang", "http://127.0.0.1:30000/metrics")),
+    (["python3", "-m", "sglang.launch_server", "--model-path", "m"], None),  # no metrics
+    (["text-generation-launcher", "--model-id", "m", "-p", "8080"],
+     ("tgi", "http://127.0.0.1:8080/metrics")),
+    (["/usr/local/bin/text-generation-launcher", "--prometheus-port", "9001"],
+     ("tgi", "http://127.0.0.1:9001/metrics")),
+    (["./llama-server", "-m", "x.gguf", "--metrics", "--host", "10.0.0.5", "--port", "8081"],
+     ("llamacpp", "http://10.0.0.5:8081/metrics")),
+    (["llama-server", "-m", "x.gguf"], None),
+    (["tritonserver", "--model-repository=/m"], ("triton", "http://127.0.0.1:8002/metrics")),
+    (["tritonserver", "--metrics-port", "9002", "--http-address", "::1"],
+     ("triton", "http://[::1]:9002/metrics")),
+    (["tritonserver", "--allow-metrics=false"], None),
+    (["python3", "train.py", "--port", "8000"], None),
+    ([], None),
+])
+def test_engine_command_lines(argv, expected):
+    assert discovery.match_cmdline(argv) == expected
+
+
+def test_scan_finds_a_real_engine_process_and_its_children():
+    code = ("import subprocess, time; "
+            f"c = subprocess.Popen([{sys.executable!r}, '-c', 'import time; time.sleep(30)']); "
+            "time.sleep(30)")
+    proc = subprocess.Popen(["bash", "-c", f'exec -a llama-server {sys.executable} -c "{code}" '
+                             "--metrics --port 45678"])
+    try:
+        deadline = time.monotonic() + 10
+        found = []
+        while time.monotonic() < deadline:
+            found = [f for f in discovery.scan(("llamacpp",)) if proc.pid in f.pids]
+            if found and len(found[0].pids) >= 2:
+                break
+            time.sleep(0.2)
+        assert found, "the engine process was not discovered"
+        assert found[0].url == "http://127.0.0.1:45678/metrics"
+        assert found[0].name == "llamacpp-45678"
+        assert len(found[0].pids) >= 2  # the child counts: it is what NVML would list
+    finally:
+        for child in __import__("psutil").Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.wait()
+
+
+def test_discovery_attaches_pids_and_starts_and_stops_engines():
+    async def go():
+        configured = EngineConfig(name="mine", url="http://localhost:8000/metrics")
+        src = EngineSource([configured], DiscoveryConfig(enabled=True))
+        found = [discovery.Found("vllm", "http://127.0.0.1:8000/metrics", [10, 11]),
+                 discovery.Found("sglang", "http://127.0.0.1:39999/metrics", [20])]
+        src.apply_discovery(found, lambda s: None)
+        pids = dict(src.pids)
+        started = sorted(src._tasks)
+        src.apply_discovery([], lambda s: None)
+        await asyncio.sleep(0)
+        left = sorted(src._tasks)
+        return pids, started, left
+
+    pids, started, left = asyncio.run(go())
+    assert pids == {"mine": [10, 11], "sglang-39999": [20]}
+    assert started == ["sglang-39999"] and left == []
+
+
+def test_configured_local_engines_get_the_listening_process_pids():
+    """Without discovery, a configured engine on this host is linked to the process that
+    listens on its port (here: this test process) and its children."""
+
+    async def h(request):
+        return web.Response(text=VLLM)
+
+    async def go():
+        runner, port = await serve({"/metrics": h})
+        samples = []
+        src = EngineSource([cfg(port, interval_seconds=0.2)], DiscoveryConfig())
+        task = asyncio.create_task(src.run(samples.append))
+        await asyncio.sleep(1.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.cleanup()
+        return samples
+
+    samples = asyncio.run(go())
+    assert samples and samples[-1].error is None
+    assert os.getpid() in samples[-1].pids
