@@ -1,9 +1,119 @@
-"""Signal parameters (leak, zone, fragmentation, engine signals)."""
+"""Signal parameters (leak, life cycle, zone, time to OOM, fragmentation, engine signals).
+
+Thresholds themselves (leak slopes, zone starts, fragmentation limits, headroom) come from
+the versioned threshold table; a value set here overrides the table's for this host.
+"""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
+from gpuwatch.engines.config import KvCacheSignalConfig, QueueSignalConfig
 
-class SignalsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Share = Annotated[float, msgspec.Meta(ge=0, lt=1)]
+
+
+class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
+
+
+class LifecycleConfig(Section, kw_only=True):
+    """Spec §3: loading -> warm-up -> steady. Growth before steady is not judged."""
+
+    # Growth pauses this long (no new high): loading is over, warm-up begins.
+    loading_settle_seconds: PositiveFloat = 30.0
+    # A rise counts as a new high above max(new_high_bytes, new_high_ratio x the old high).
+    new_high_bytes: NonNegFloat = 64 * 2**20
+    new_high_ratio: Ratio = 0.01
+    # Retained memory (the leak floor) has not risen by more than settle_bytes for this
+    # long, and warm-up has lasted one floor window: steady.
+    warmup_settle_seconds: PositiveFloat = 180.0
+    settle_bytes: NonNegFloat = 64 * 2**20
+    # Steady at the latest this long after the process started, whatever the memory does.
+    warmup_max_seconds: PositiveFloat = 900.0
+    # A fall below this share of the steady floor is a reload: back to loading.
+    reload_drop_ratio: Ratio = 0.5
+    # A process missing from this many seconds of samples is gone (state dropped).
+    forget_after_seconds: PositiveFloat = 60.0
+
+
+class LeakConfig(Section, kw_only=True):
+    enabled: bool = True
+    # Slopes (bytes/s); unset: the threshold table's (12 MB/min and 50 MB/s in v2.3.1).
+    warning_bytes_per_second: PositiveFloat | None = None
+    critical_bytes_per_second: PositiveFloat | None = None
+    # A robust slope this close below a threshold counts as reaching it.
+    tolerance: Share = 0.1
+    # A sustained trend fires once it has held this long (a transient that outlasts the
+    # floor window lifts the floor for a few minutes at most).
+    confirm_seconds: NonNegFloat = 240.0
+    # A firing leak resolves once its slope has stayed below this share of the threshold
+    # for resolve_seconds.
+    resolve_ratio: Ratio = 0.5
+    resolve_seconds: NonNegFloat = 600.0
+    # Retained memory: the minimum over floor_window, sampled once per bucket.
+    bucket_seconds: PositiveFloat = 60.0
+    floor_window_seconds: PositiveFloat = 300.0
+    # Theil-Sen slope of the retained memory over this window ...
+    trend_window_seconds: PositiveFloat = 1440.0
+    # ... judged once it spans at least this much steady time, and only when the retained
+    # memory rose in both halves of the window by at least this share of the threshold.
+    min_trend_seconds: PositiveFloat = 1440.0
+    sustained_ratio: Ratio = 0.4
+    # ... and the second half rose at least this share of the first (warm-up levels off).
+    levelling_ratio: Ratio = 0.4
+    # Fast path for the critical slope: Theil-Sen over raw samples of this window.
+    critical_window_seconds: PositiveFloat = 40.0
+    # Per process, follow the probe's allocator reserved bytes instead of NVML's figure.
+    prefer_probe: bool = True
+    probe_max_age_seconds: PositiveFloat = 30.0
+    lifecycle: LifecycleConfig = msgspec.field(default_factory=LifecycleConfig)
+
+
+class ZoneConfig(Section, kw_only=True):
+    enabled: bool = True
+    # Leave a zone only this share of total memory below where it starts.
+    hysteresis_ratio: Share = 0.02
+    # Enter a higher zone after this many consecutive samples in it.
+    enter_samples: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # Recognise engines' pre-allocated pools (vLLM gpu_memory_utilization) as planned.
+    planned_pools: bool = True
+    # vLLM's own default, for an engine that does not publish cache_config_info.
+    vllm_default_utilization: Ratio = 0.9
+
+
+class TimeToOomConfig(Section, kw_only=True):
+    enabled: bool = True
+    # A detected leak whose time to OOM falls under these horizons raises time_to_oom
+    # (and makes the leak critical under the critical horizon).
+    critical_seconds: PositiveFloat = 1800.0
+    warning_seconds: PositiveFloat = 7200.0
+    # Resolve only once the time to OOM is this factor above the horizon.
+    resolve_factor: Annotated[float, msgspec.Meta(ge=1)] = 1.2
+
+
+class FragmentationSignalConfig(Section, kw_only=True):
+    enabled: bool = True
+    # Overrides of the table's limits (spec §4, 3 consecutive samples); unset: the table's.
+    consecutive_samples: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    largest_free_share_min: Ratio | None = None
+    free_blocks_per_mb_max: PositiveFloat | None = None
+    smallest_free_block_min_bytes: NonNegFloat | None = None
+    act_when_free_below_bytes: NonNegFloat | None = None
+    fragmentation_ratio_max: Ratio | None = None
+
+
+class SignalsConfig(Section, kw_only=True):
+    leak: LeakConfig = msgspec.field(default_factory=LeakConfig)
+    zone: ZoneConfig = msgspec.field(default_factory=ZoneConfig)
+    time_to_oom: TimeToOomConfig = msgspec.field(default_factory=TimeToOomConfig)
+    fragmentation: FragmentationSignalConfig = msgspec.field(
+        default_factory=FragmentationSignalConfig
+    )
+    kv_cache: KvCacheSignalConfig = msgspec.field(default_factory=KvCacheSignalConfig)
+    queue: QueueSignalConfig = msgspec.field(default_factory=QueueSignalConfig)

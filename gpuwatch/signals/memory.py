@@ -1,0 +1,318 @@
+"""Memory analyzer: threshold row, zone, leak rate and time to OOM, per GPU and process.
+
+Emits `memory_zone` (per GPU), `memory_leak` (per process, and per GPU for memory no
+process accounts for — or for all of it when the driver gives no per-process figures) and
+`time_to_oom` (per GPU, while a leak is detected there).
+Pure: time comes from tick.t, state is bounded per series, output is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuwatch.events import Event
+from gpuwatch.model import GpuSample, ProbeSample, Tick
+from gpuwatch.signals.conditions import Conditions
+from gpuwatch.signals.config import SignalsConfig
+from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.leak import STEADY, LeakParams, LeakSeries
+from gpuwatch.signals.oom import HorizonState, headroom_bytes, time_to_oom
+from gpuwatch.signals.zone import ZONE_NAMES, ZoneState, planned_bytes
+from gpuwatch.thresholds.table import Row, ThresholdTable, load_table
+
+MIB = 1 << 20
+SEVERITY = {1: "warning", 2: "critical"}
+
+
+@dataclass
+class _Proc:
+    series: LeakSeries
+    create_time: float | None
+    source: str  # nvml | probe
+    last_seen: float
+
+
+@dataclass
+class _Gpu:
+    signature: tuple
+    series: LeakSeries
+    last_seen: float
+    zone: ZoneState = field(default_factory=ZoneState)
+    horizon: HorizonState = field(default_factory=HorizonState)
+
+
+def _rate_text(bps: float) -> str:
+    if abs(bps) >= MIB:
+        return f"{bps / MIB:.1f} MiB/s"
+    return f"{bps * 60 / MIB:.1f} MiB/min"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min"
+
+
+class MemoryAnalyzer:
+    def __init__(self, config=None, table: ThresholdTable | None = None) -> None:
+        signals = getattr(config, "signals", config)
+        self.cfg: SignalsConfig = signals if isinstance(signals, SignalsConfig) else SignalsConfig()
+        self.table = table if table is not None else load_table()
+        self.params = LeakParams.from_config(self.cfg.leak, self.table)
+        self._procs: dict[tuple[str, int], _Proc] = {}
+        self._gpus: dict[str, _Gpu] = {}
+
+    # -- per tick ---------------------------------------------------------------------------
+
+    def update(self, tick: Tick, derived: Derived, conditions: Conditions) -> list[Event]:
+        derived.threshold_table = dict(self.table.info)
+        probes = self._probes(tick)
+        gpus_of_pid: dict[int, int] = {}
+        for gpu in tick.gpus:
+            for p in gpu.processes:
+                gpus_of_pid[p.pid] = gpus_of_pid.get(p.pid, 0) + 1
+        events: list[Event] = []
+        for gpu in tick.gpus:
+            if gpu.lost:
+                continue
+            single = {pid: probes[pid] for pid in probes if gpus_of_pid.get(pid) == 1}
+            events += self._gpu(tick.t, gpu, derived, conditions, single)
+        events += self._forget(tick, conditions)
+        return events
+
+    def _probes(self, tick: Tick) -> dict[int, ProbeSample]:
+        """Fresh probe samples by pid; a pid whose probe reports several devices is left
+        to NVML (which device is which GPU is not known here)."""
+        lc = self.cfg.leak
+        if not (lc.enabled and lc.prefer_probe):
+            return {}
+        out: dict[int, ProbeSample] = {}
+        ambiguous: set[int] = set()
+        for probe in tick.probes:
+            if probe.reserved_bytes is None:
+                continue
+            if probe.t is not None and tick.t - probe.t > lc.probe_max_age_seconds:
+                continue
+            prev = out.get(probe.pid)
+            if prev is not None and prev.device != probe.device:
+                ambiguous.add(probe.pid)
+            if prev is None or (probe.t or 0) >= (prev.t or 0):
+                out[probe.pid] = probe
+        for pid in ambiguous:
+            del out[pid]
+        return out
+
+    def _gpu(self, t: float, gpu: GpuSample, derived: Derived, conditions: Conditions,
+             probes: dict[int, ProbeSample]) -> list[Event]:
+        uuid, used, total = gpu.uuid, gpu.memory_used_bytes, gpu.memory_total_bytes
+        sig = derived.gpu(uuid)
+        sig.notes = [n for n in sig.notes if not n.startswith(("zone:", "leak:"))]
+        if used is None:
+            return []
+        row = self.table.match(gpu.name, total) if total else None
+        events: list[Event] = []
+
+        # Leak series: per process, then the GPU as a whole.
+        leak_on = self.cfg.leak.enabled
+        procs = sorted(gpu.processes, key=lambda p: p.pid)
+        proc_rates: dict[int, float | None] = {}
+        if leak_on:
+            for p in procs:
+                self._proc_update(t, uuid, p, probes.get(p.pid))
+                state = self._procs.get((uuid, p.pid))
+                if state is not None:
+                    proc_rates[p.pid] = state.series.rate
+            gstate = self._gpu_update(t, gpu, used)
+
+        # Zone, on memory that was not planned.
+        if row is not None:
+            sig.thresholds = row.thresholds
+            sig.threshold_row = row.id
+            sig.threshold_calibrated = row.calibrated
+        if row is not None and self.cfg.zone.enabled:
+            events += self._zone(t, gpu, row, used, derived, conditions)
+        else:
+            sig.zone = None
+            sig.unplanned_memory_bytes = None
+
+        if not leak_on:
+            sig.leak_rate_bytes_per_second = sig.time_to_oom_seconds = None
+            return events
+
+        # Rates and time to OOM: the GPU's rate is what its parts add up to.
+        headroom = headroom_bytes(row.budget_bytes, used) if row is not None else None
+        own = gstate.series.rate if gstate.series.phase == STEADY else None
+        parts = [r for r in (*proc_rates.values(), own) if r is not None]
+        g_rate = sum(parts) if parts else None
+        sig.leak_rate_bytes_per_second = g_rate
+        g_ttoom = time_to_oom(headroom, g_rate) if headroom is not None else None
+        sig.time_to_oom_seconds = g_ttoom
+
+        horizon = self.cfg.time_to_oom
+        crit_h = horizon.critical_seconds if horizon.enabled else None
+        leaking = False
+        for p in procs:
+            state = self._procs.get((uuid, p.pid))
+            psig = derived.process(uuid, p.pid)
+            if state is None:
+                psig.leak_rate_bytes_per_second = psig.time_to_oom_seconds = None
+                psig.phase = ""
+                continue
+            rate = state.series.rate
+            ttoom = time_to_oom(headroom, rate) if headroom is not None else None
+            psig.leak_rate_bytes_per_second = rate
+            psig.time_to_oom_seconds = ttoom
+            psig.phase = state.series.phase
+            ev = self._leak_event(t, uuid, p.pid, p.name, state.series.level, rate, ttoom,
+                                  crit_h, gpu.index, state.source)
+            leaking = leaking or ev is not None
+            events += conditions.set(t, ev, ("memory_leak", uuid, p.pid, None))
+
+        # The GPU's own series: memory no process accounts for, or all of it when the
+        # driver gives no per-process figures.
+        g_level = gstate.series.level if gstate.series.phase == STEADY else 0
+        source = "unattributed" if gstate.signature[0] else "nvml"
+        ev = self._leak_event(t, uuid, None, "", g_level, own, time_to_oom(headroom, own)
+                              if headroom is not None else None, crit_h, gpu.index, source)
+        leaking = leaking or ev is not None
+        events += conditions.set(t, ev, ("memory_leak", uuid, None, None))
+
+        if horizon.enabled:
+            level = gstate.horizon.update(g_ttoom, leaking, horizon.warning_seconds,
+                                          horizon.critical_seconds, horizon.resolve_factor)
+            ev = None
+            if level and g_ttoom is not None:
+                limit = horizon.critical_seconds if level == 2 else horizon.warning_seconds
+                ev = Event(
+                    t=t, signal="time_to_oom", state="firing", severity=SEVERITY[level],
+                    gpu_uuid=uuid, value=g_ttoom, threshold=limit,
+                    message=(f"GPU {gpu.index} runs out of its memory budget in "
+                             f"{_duration(g_ttoom)} at {_rate_text(g_rate or 0)} "
+                             f"(horizon {_duration(limit)})"),
+                )
+            events += conditions.set(t, ev, ("time_to_oom", uuid, None, None))
+        return events
+
+    # -- leak series ------------------------------------------------------------------------
+
+    def _proc_update(self, t: float, uuid: str, p, probe: ProbeSample | None) -> None:
+        key = (uuid, p.pid)
+        state = self._procs.get(key)
+        if probe is not None and None not in (probe.create_time, p.create_time) and abs(
+            probe.create_time - p.create_time  # type: ignore[operator]
+        ) > 1.0:
+            probe = None  # another process that once had this pid
+        source, value = ("probe", probe.reserved_bytes) if probe else ("nvml", p.used_memory_bytes)
+        restarted = (
+            state is not None and p.create_time is not None and state.create_time is not None
+            and p.create_time != state.create_time
+        )
+        if state is None or restarted:
+            if value is None:
+                return
+            started = p.create_time if p.create_time is not None else t
+            state = _Proc(LeakSeries(self.params, min(started, t)), p.create_time, source, t)
+            self._procs[key] = state
+        state.last_seen = t
+        if value is None:
+            return
+        if source != state.source:
+            state.source = source
+            state.series.rebase()
+        state.series.update(t, float(value))
+
+    def _gpu_update(self, t: float, gpu: GpuSample, used: int) -> _Gpu:
+        """The GPU's own series: used minus what its processes hold when NVML gives every
+        process's figure (growth no process explains), else all of used."""
+        held = [p.used_memory_bytes for p in gpu.processes]
+        attributed = bool(held) and None not in held
+        value = used - sum(held) if attributed else used  # type: ignore[arg-type]
+        signature = (attributed, *sorted((p.pid, p.create_time or 0.0) for p in gpu.processes))
+        state = self._gpus.get(gpu.uuid)
+        if state is None or state.signature != signature:
+            # A process came, went or restarted: the GPU's baseline starts again, as old
+            # as its youngest process (a daemon restart finds old processes steady).
+            starts = [p.create_time for p in gpu.processes]
+            started = t if state is not None or not starts or None in starts else max(starts)
+            series = LeakSeries(self.params, min(started, t))  # type: ignore[type-var]
+            if state is None:
+                state = self._gpus[gpu.uuid] = _Gpu(signature, series, t)
+            else:
+                state.signature, state.series = signature, series
+        state.last_seen = t
+        state.series.update(t, float(value))
+        return state
+
+    def _leak_event(self, t: float, uuid: str, pid: int | None, name: str, level: int,
+                    rate: float | None, ttoom: float | None, crit_h: float | None,
+                    index: int, source: str) -> Event | None:
+        if level == 0 or rate is None:
+            return None
+        by_oom = level == 1 and crit_h is not None and ttoom is not None and ttoom < crit_h
+        severity = "critical" if level == 2 or by_oom else "warning"
+        limit = self.params.critical if level == 2 else self.params.warning
+        who = f"pid {pid} ({name or '?'}) on GPU {index}" if pid is not None else f"GPU {index}"
+        what = {"probe": "allocator reserved memory",
+                "unattributed": "memory no process accounts for"}.get(source, "memory")
+        msg = f"{who}: retained {what} grows {_rate_text(rate)} (threshold {_rate_text(limit)})"
+        if by_oom:
+            msg += f"; time to OOM {_duration(ttoom)} < {_duration(crit_h)}"  # type: ignore[arg-type]
+        return Event(t=t, signal="memory_leak", state="firing", severity=severity,
+                     gpu_uuid=uuid, pid=pid, value=rate, threshold=limit, message=msg)
+
+    # -- zone -------------------------------------------------------------------------------
+
+    def _zone(self, t: float, gpu: GpuSample, row: Row, used: int, derived: Derived,
+              conditions: Conditions) -> list[Event]:
+        zc = self.cfg.zone
+        sig = derived.gpu(gpu.uuid)
+        planned, notes = (
+            planned_bytes(gpu, derived.engines, zc.vllm_default_utilization)
+            if zc.planned_pools else (0.0, [])
+        )
+        unplanned = max(0.0, used - planned)
+        state = self._gpus.get(gpu.uuid)
+        if state is None:  # leak detection off: keep zone state anyway
+            signature = ()
+            state = self._gpus[gpu.uuid] = _Gpu(signature, LeakSeries(self.params, t), t)
+        state.last_seen = t
+        band = zc.hysteresis_ratio * row.memory_total_bytes
+        level = state.zone.update(unplanned, row.warning_bytes, row.critical_bytes, band,
+                                  zc.enter_samples)
+        sig.zone = level
+        sig.unplanned_memory_bytes = unplanned
+        sig.notes.extend(notes)
+        ev = None
+        if level:
+            limit = row.critical_bytes if level == 2 else row.warning_bytes
+            kind = "calibrated" if row.calibrated else "derived"
+            ev = Event(
+                t=t, signal="memory_zone", state="firing", severity=SEVERITY[level],
+                gpu_uuid=gpu.uuid, value=unplanned, threshold=float(limit),
+                message=(f"GPU {gpu.index}: {unplanned / MIB:.0f} MiB of unplanned memory is in "
+                         f"the {ZONE_NAMES[level]} zone (above {limit / MIB:.0f} MiB, "
+                         f"{kind} row {row.id}, table {row.version})"),
+            )
+        return conditions.set(t, ev, ("memory_zone", gpu.uuid, None, None))
+
+    # -- forgetting -------------------------------------------------------------------------
+
+    def _forget(self, tick: Tick, conditions: Conditions) -> list[Event]:
+        """Drop series not seen for a while; resolve what they had firing."""
+        if not tick.gpus:
+            return []  # no NVML sample at all: nothing to conclude
+        t = tick.t
+        limit = self.cfg.leak.lifecycle.forget_after_seconds
+        present = {(g.uuid, p.pid) for g in tick.gpus for p in g.processes}
+        events: list[Event] = []
+        for key in sorted(k for k, s in self._procs.items()
+                          if k not in present and t - s.last_seen > limit):
+            del self._procs[key]
+            events += conditions.set(t, None, ("memory_leak", key[0], key[1], None))
+        uuids = {g.uuid for g in tick.gpus}
+        for uuid in sorted(u for u, s in self._gpus.items()
+                           if u not in uuids and t - s.last_seen > limit):
+            del self._gpus[uuid]
+            for signal in ("memory_leak", "memory_zone", "time_to_oom"):
+                events += conditions.set(t, None, (signal, uuid, None, None))
+        return events

@@ -1,0 +1,99 @@
+"""Memory zone of a GPU: safe / warning / critical against its threshold row.
+
+The zone judges **unplanned** memory, not NVML's used figure: an inference engine that
+pre-allocates a pool by design (vLLM reserves `gpu_memory_utilization` x total memory for
+weights, activations and its KV-cache blocks; SGLang `mem_fraction_static`) sits above the
+A100's red line while perfectly healthy, and that is not pressure. The rule:
+
+    unplanned = used - sum over engines on this GPU of min(engine's used here, its pool)
+    pool      = planned fraction x the GPU's total memory
+
+- An engine is on a GPU when one of its pids is among the GPU's processes.
+- The planned fraction is `gpu_memory_utilization` (vLLM's cache_config_info) or
+  `mem_fraction_static` (SGLang); a vLLM engine that publishes neither gets vLLM's default
+  (0.9). Other engines plan nothing.
+- What an engine holds beyond its pool, every other process, and memory no process
+  accounts for (driver, contexts) stay unplanned and are judged.
+- Without per-process figures the whole pool is taken as planned (used minus pool).
+- KV-cache usage does not move NVML memory under a pre-allocating engine, so it plays no
+  part: a full KV cache is the engine doing its job.
+
+Zones have hysteresis: a higher zone is entered after `enter_samples` consecutive samples
+in it, and left only once the value is `hysteresis_ratio` x total below where it starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuwatch.model import GpuSample
+
+POOL_KEYS = ("gpu_memory_utilization", "mem_fraction_static")
+ZONE_NAMES = ("safe", "warning", "critical")
+
+
+def pool_fraction(engine: Any, vllm_default: float) -> tuple[float, str] | None:
+    """(fraction of GPU memory an engine pre-allocates, where the figure came from)."""
+    config = getattr(engine, "cache_config", None) or {}
+    for key in POOL_KEYS:
+        try:
+            value = float(config[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if 0 < value <= 1:
+            return value, key
+    if getattr(engine, "kind", "") == "vllm":
+        return vllm_default, "vLLM default gpu_memory_utilization"
+    return None
+
+
+def planned_bytes(
+    gpu: GpuSample, engines: dict[str, Any], vllm_default: float
+) -> tuple[float, list[str]]:
+    """Memory on this GPU that engines pre-allocated by design, and why (notes)."""
+    total = gpu.memory_total_bytes or 0
+    if total <= 0 or not engines:
+        return 0.0, []
+    by_pid = {p.pid: p for p in gpu.processes}
+    planned, notes = 0.0, []
+    for name in sorted(engines):
+        engine = engines[name]
+        here = [by_pid[pid] for pid in (getattr(engine, "pids", None) or []) if pid in by_pid]
+        if not here:
+            continue
+        frac = pool_fraction(engine, vllm_default)
+        if frac is None:
+            continue
+        pool = frac[0] * total
+        used = [p.used_memory_bytes for p in here]
+        held = pool if any(u is None for u in used) else min(pool, float(sum(used)))  # type: ignore[arg-type]
+        planned += held
+        notes.append(
+            f"zone: {name} pre-allocates {frac[0]:g} of total ({frac[1]}): "
+            f"{held / 2**30:.1f} GiB planned"
+        )
+    return planned, notes
+
+
+class ZoneState:
+    """Zone with entry debounce and exit hysteresis."""
+
+    def __init__(self) -> None:
+        self.level = 0
+        self._pending = 0  # consecutive samples above the current zone
+        self._pending_level = 0
+
+    def update(self, value: float, warning: float, critical: float, band: float,
+               enter_samples: int) -> int:
+        raw = 2 if value > critical else 1 if value > warning else 0
+        if raw > self.level:
+            self._pending_level = raw if self._pending == 0 else min(self._pending_level, raw)
+            self._pending += 1
+            if self._pending >= enter_samples:
+                self.level = self._pending_level
+                self._pending = 0
+            return self.level
+        self._pending = 0
+        keep = 2 if value > critical - band else 1 if value > warning - band else 0
+        self.level = min(self.level, keep)
+        return self.level

@@ -1,0 +1,343 @@
+"""Leak detection: estimator pieces, life cycle, the analyzer on synthetic traces, metrics."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from benchmarks import leak_detection as bench
+from gpuwatch.config import Config, load
+from gpuwatch.exporter.families import memory_signals
+from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.model import GpuSample, ProbeSample, ProcessSample, Tick
+from gpuwatch.signals.config import LeakConfig, LifecycleConfig
+from gpuwatch.signals.leak import (
+    LOADING,
+    STEADY,
+    WARMUP,
+    FastWindow,
+    LeakParams,
+    LeakSeries,
+    Lifecycle,
+    RetainedTrend,
+    RollingMin,
+    theil_sen,
+)
+from gpuwatch.signals.pipeline import Pipeline
+from gpuwatch.thresholds import load_table
+
+MIB = 1 << 20
+GIB = 1 << 30
+T0 = 1_767_225_600.0
+WARN = 12 * MIB / 60
+CRIT = 50 * MIB
+A100 = ("NVIDIA A100-SXM4-80GB", 80 * GIB)
+
+
+def series(cfg: LeakConfig | None = None, started: float = T0 - 86400) -> LeakSeries:
+    cfg = cfg or LeakConfig()
+    return LeakSeries(LeakParams.from_config(cfg, load_table()), started)
+
+
+def feed(s: LeakSeries, fn, seconds: float, dt: float = 3.0, start: float = 0.0):
+    """Feed fn(elapsed) every dt; return the elapsed times at which the level changed."""
+    changes = []
+    level = s.level
+    n = int(seconds / dt)
+    for i in range(n):
+        el = start + i * dt
+        s.update(T0 + el, fn(el))
+        if s.level != level:
+            changes.append((el, s.level))
+            level = s.level
+    return changes
+
+
+def saw(el: float, amp=600 * MIB, period=90.0) -> float:
+    return amp * ((el % period) / period)
+
+
+# -- pieces -----------------------------------------------------------------------------------
+
+
+def test_theil_sen_ignores_a_minority_of_outliers():
+    pts = [(float(i), 2.0 * i) for i in range(20)]
+    pts[5] = (5.0, 1e9)
+    pts[12] = (12.0, -1e9)
+    assert theil_sen(pts) == pytest.approx(2.0)
+    assert theil_sen([(1.0, 1.0)]) is None
+
+
+def test_rolling_min():
+    r = RollingMin(10.0)
+    assert [r.add(t, v) for t, v in [(0, 5), (3, 7), (6, 4), (9, 8), (17, 9), (18, 6)]] == [
+        5, 5, 4, 4, 8, 6]
+
+
+def test_retained_trend_follows_the_floor_not_the_peaks():
+    tr = RetainedTrend(60, 300, 1440)
+    for i in range(int(3600 / 3)):
+        el = i * 3.0
+        tr.add(el, 20 * GIB + saw(el, 2 * GIB, 120) + WARN * el)
+    assert tr.slope == pytest.approx(WARN, rel=0.15)
+    first, second = tr.half_rates()
+    assert first == pytest.approx(WARN, rel=0.3) and second == pytest.approx(WARN, rel=0.3)
+
+
+def test_fast_window_wants_every_quarter_to_climb():
+    fw = FastWindow(40.0)
+    for i in range(14):
+        fw.add(i * 3.0, 10 * GIB + CRIT * i * 3.0)
+    assert fw.slope(0.9 * CRIT) == pytest.approx(CRIT, rel=0.05)
+    # two big allocations inside the window: steep, but not a climb
+    fw = FastWindow(40.0)
+    for i in range(14):
+        fw.add(i * 3.0, 10 * GIB + (1200 * MIB if i >= 5 else 0) + (800 * MIB if i >= 9 else 0))
+    assert fw.slope(0.9 * CRIT) is None
+
+
+def test_lifecycle_phases():
+    cfg = LifecycleConfig(loading_settle_seconds=30, warmup_settle_seconds=120,
+                          warmup_max_seconds=3600)
+    life = Lifecycle(cfg, floor_window=300, t_start=0.0)
+    phases = {}
+    for i in range(600):
+        t = i * 3.0
+        # loading 60 s, a warm-up peak, then flat with sawtooth
+        v = 16 * GIB * min(1.0, t / 60) + (2 * GIB if 90 < t < 150 else 0) + saw(t)
+        life.update(t, v)
+        phases.setdefault(life.phase, t)
+    assert phases[LOADING] == 0
+    assert 60 < phases[WARMUP] < 150
+    assert phases[WARMUP] + 300 <= phases[STEADY] < 900
+    # a reload (memory released, loaded again) starts over
+    assert life.update(1800.0, 0.3 * GIB) is True and life.phase == LOADING
+
+
+def test_old_processes_are_steady_at_once():
+    life = Lifecycle(LifecycleConfig(), floor_window=300, t_start=T0 - 3 * 3600)
+    assert life.update(T0, 20 * GIB) is True and life.phase == STEADY
+
+
+def test_growth_that_never_settles_is_judged_after_warmup_max():
+    cfg = LifecycleConfig(warmup_max_seconds=600)
+    life = Lifecycle(cfg, floor_window=300, t_start=0.0)
+    for i in range(400):
+        life.update(i * 3.0, GIB + WARN * 10 * i * 3.0)
+    assert life.phase == STEADY and life.t_start == 0.0
+
+
+# -- one series ----------------------------------------------------------------------------
+
+
+def test_12_mib_per_minute_found_within_30_minutes():
+    s = series()
+    onset = 3600.0
+    changes = feed(s, lambda el: 20 * GIB + saw(el) + WARN * max(0.0, el - onset), 2 * 3600)
+    assert changes and changes[0][1] == 1
+    assert onset < changes[0][0] <= onset + 30 * 60
+    assert s.rate == pytest.approx(WARN, rel=0.2)
+
+
+def test_50_mib_per_second_is_critical_within_60_seconds():
+    s = series()
+    onset = 3600.0
+    changes = feed(s, lambda el: 12 * GIB + saw(el) + CRIT * max(0.0, el - onset), onset + 120)
+    assert changes and changes[0][1] == 2
+    assert onset < changes[0][0] <= onset + 60
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("sawtooth", lambda el: 20 * GIB + saw(el, 1200 * MIB, 240)),
+    ("transient", lambda el: 20 * GIB + saw(el) + (600 * MIB if 3000 < el < 3480 else 0)),
+    ("one step", lambda el: 20 * GIB + saw(el) + (800 * MIB if el > 3000 else 0)),
+    ("noise", lambda el: 20 * GIB + random.Random(int(el)).gauss(0, 30 * MIB)),
+])
+def test_no_alarm_without_a_leak(name, fn):
+    s = series()
+    assert feed(s, fn, 4 * 3600) == [], name
+
+
+def test_warmup_that_plateaus_is_not_a_leak():
+    s = series(started=T0)  # a process that has just started
+    def warm(el):
+        return 16 * GIB * min(1.0, el / 60) + 5 * GIB * (1 - math.exp(-max(0, el - 60) / 240)) \
+            + saw(el, 1 * GIB, 160)
+    assert feed(s, warm, 3 * 3600) == []
+    assert s.phase == STEADY
+
+
+def test_leak_resolves_when_the_trend_ends():
+    s = series()
+    onset, stop = 3600.0, 3600.0 + 3600
+    changes = feed(s, lambda el: 20 * GIB + saw(el) + WARN * (min(el, stop) - onset
+                                                             if el > onset else 0), 4 * 3600)
+    assert [lvl for _, lvl in changes] == [1, 0]
+    assert changes[1][0] > stop
+    assert changes[1][0] < stop + 45 * 60
+
+
+# -- analyzer -------------------------------------------------------------------------------
+
+
+def gpu_tick(t: float, procs, used: float | None = None, probes=()) -> Tick:
+    ps = [ProcessSample(pid=pid, name=f"p{pid}", used_memory_bytes=None if v is None else int(v),
+                        create_time=ct) for pid, v, ct in procs]
+    if used is None:
+        used = sum(v or 0 for _, v, _ in procs) + 500 * MIB
+    return Tick(t=t, gpus=[GpuSample(index=0, uuid="GPU-0", name=A100[0],
+                                     memory_total_bytes=A100[1], memory_used_bytes=int(used),
+                                     processes=ps)], probes=list(probes))
+
+
+def run(pipeline: Pipeline, make_tick, seconds: float, dt: float = 3.0):
+    events = []
+    for i in range(int(seconds / dt)):
+        events += pipeline.update(make_tick(i * dt))
+    return events
+
+
+def test_only_the_leaking_pid_is_flagged():
+    onset = 3600.0
+    def make(el):
+        a = 20 * GIB + saw(el) + WARN * max(0.0, el - onset)
+        b = 10 * GIB + saw(el, 900 * MIB, 37)
+        return gpu_tick(T0 + el, [(11, a, T0 - 3600), (22, b, T0 - 3600)])
+    pipeline = Pipeline(Config(), load_table())
+    events = [e for e in run(pipeline, make, 3 * 3600) if e.signal == "memory_leak"]
+    firing = [e for e in events if e.state == "firing"]
+    assert firing and {e.pid for e in firing} == {11}
+    assert firing[0].severity == "warning" and firing[0].threshold == pytest.approx(WARN)
+    assert firing[0].t - T0 - onset <= 30 * 60
+    d = pipeline.derived
+    assert d.processes[("GPU-0", 11)].leak_rate_bytes_per_second == pytest.approx(WARN, rel=0.25)
+    assert abs(d.processes[("GPU-0", 22)].leak_rate_bytes_per_second) < WARN / 4
+    assert d.processes[("GPU-0", 11)].phase == STEADY
+    # the GPU's rate is what its parts add up to; time to OOM = headroom / rate
+    gpu = d.gpus["GPU-0"]
+    assert gpu.leak_rate_bytes_per_second == pytest.approx(WARN, rel=0.3)
+    assert gpu.time_to_oom_seconds > 0
+
+
+def test_gpu_level_leak_without_per_process_figures():
+    onset = 3600.0
+    def make(el):
+        used = 30 * GIB + saw(el) + WARN * 1.5 * max(0.0, el - onset)
+        return gpu_tick(T0 + el, [(11, None, T0 - 3600)], used=used)
+    pipeline = Pipeline(Config(), load_table())
+    firing = [e for e in run(pipeline, make, 3 * 3600)
+              if e.signal == "memory_leak" and e.state == "firing"]
+    assert firing and firing[0].pid is None and firing[0].gpu_uuid == "GPU-0"
+    assert "GPU 0" in firing[0].message
+
+
+def test_restart_resets_the_baseline():
+    # The same pid restarts (new create time) and warms up again: no leak.
+    def make(el):
+        ct = T0 - 3600 if el < 3600 else T0 + 3600
+        age = el + 3600 if el < 3600 else el - 3600
+        v = 4 * GIB * min(1.0, age / 60) + 3 * GIB * (1 - math.exp(-age / 300)) + saw(el)
+        return gpu_tick(T0 + el, [(11, v, ct)])
+    pipeline = Pipeline(Config(), load_table())
+    events = run(pipeline, make, 3 * 3600)
+    assert [e for e in events if e.signal == "memory_leak"] == []
+    assert pipeline.derived.processes[("GPU-0", 11)].phase == STEADY
+
+
+def test_probe_reserved_bytes_are_preferred():
+    onset = 3600.0
+    def make(el):
+        reserved = 8 * GIB + saw(el) + WARN * 2 * max(0.0, el - onset)
+        probe = ProbeSample(pid=11, t=T0 + el, reserved_bytes=int(reserved),
+                            allocated_bytes=int(reserved / 2))
+        # NVML's figure stays flat (say the driver reports it late): the probe's wins
+        return gpu_tick(T0 + el, [(11, 9 * GIB, T0 - 3600)], probes=[probe])
+    pipeline = Pipeline(Config(), load_table())
+    firing = [e for e in run(pipeline, make, 2.5 * 3600)
+              if e.signal == "memory_leak" and e.state == "firing"]
+    assert firing and firing[0].pid == 11 and "allocator reserved" in firing[0].message
+
+
+def test_gone_process_resolves_its_leak():
+    onset = 3600.0
+    def make(el):
+        procs = [(22, 5 * GIB, T0 - 3600)]
+        if el < 3 * 3600:
+            procs.append((11, 20 * GIB + CRIT * max(0.0, el - onset), T0 - 3600))
+        return gpu_tick(T0 + el, procs, used=60 * GIB)
+    pipeline = Pipeline(Config(), load_table())
+    events = [e for e in run(pipeline, make, 3 * 3600 + 300) if e.signal == "memory_leak"]
+    assert next((e.pid, e.state) for e in events if e.pid == 11) == (11, "firing")
+    assert [(e.pid, e.state) for e in events if e.pid == 11][-1] == (11, "resolved")
+
+
+def test_same_ticks_give_the_same_events():
+    sc = next(s for s in bench.scenarios(3, 3) if s.name == "two_procs")
+    def once():
+        p = Pipeline(Config(), load_table())
+        return [e for tick in bench.ticks(sc, 3, 3, 3.0) for e in p.update(tick)]
+    first, second = once(), once()
+    assert first and first == second
+
+
+def test_disabled_leak_detection_reports_nothing():
+    cfg = load(None, environ={}, overrides={"signals": {"leak": {"enabled": False}}})
+    pipeline = Pipeline(cfg, load_table())
+    events = run(pipeline, lambda el: gpu_tick(T0 + el, [(11, GIB + CRIT * el, T0 - 3600)]),
+                 600)
+    assert [e for e in events if e.signal == "memory_leak"] == []
+    assert pipeline.derived.gpus["GPU-0"].leak_rate_bytes_per_second is None
+
+
+def test_config_overrides_the_table_slopes():
+    cfg = load(None, environ={}, overrides={
+        "signals": {"leak": {"warning_bytes_per_second": 1000, "critical_bytes_per_second": 2e6}}
+    })
+    params = LeakParams.from_config(cfg.signals.leak, load_table())
+    assert (params.warning, params.critical) == (1000, 2e6)
+
+
+# -- the benchmark's traces: the goals of the issue ------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_benchmark_traces_meet_the_goals(seed):
+    for sc in bench.scenarios(seed, 4):
+        if not sc.attributed:
+            continue
+        r = bench.score(sc, bench.run_gpuwatch(sc, seed, 4, 3.0))
+        assert r["false_alarms"] == 0, sc.name
+        if not sc.leaking:
+            continue
+        assert r["latency"] is not None, sc.name
+        if sc.name in ("leak_12mib_min", "two_procs"):
+            assert r["latency"] <= 30 * 60, sc.name
+        if sc.name == "leak_50mib_s":
+            assert r["latency"] <= 60, sc.name
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+
+def test_leak_metrics_exported_and_absent_when_unknown():
+    onset = 3600.0
+    pipeline = Pipeline(Config(), load_table())
+    ticks = []
+    def make(el):
+        t = gpu_tick(T0 + el, [(11, 20 * GIB + saw(el) + WARN * max(0.0, el - onset), T0 - 7200),
+                               (33, 2 * GIB, T0 + el - 1)])  # 33 has just started
+        ticks.append(t)
+        return t
+    run(pipeline, make, 2 * 3600)
+    metrics = {m.name: m for m in memory_signals.collect(
+        Snapshot(tick=ticks[-1], derived=pipeline.derived))}
+    procs = {s.labels["pid"]: s for s in
+             metrics["gpuwatch_process_memory_leak_rate_bytes_per_second"].samples}
+    assert set(procs) == {"11"}  # no estimate yet for the new process: no series
+    assert procs["11"].labels == {"gpu": "0", "uuid": "GPU-0", "pid": "11", "process": "p11"}
+    assert procs["11"].value == pytest.approx(WARN, rel=0.25)
+    assert metrics["gpuwatch_gpu_memory_leak_rate_bytes_per_second"].samples
+    assert metrics["gpuwatch_gpu_time_to_oom_seconds"].samples[0].value > 0
+    assert metrics["gpuwatch_gpu_memory_zone"].samples[0].value == 0

@@ -1,0 +1,93 @@
+"""Headroom and time to OOM (spec §6), and the time_to_oom event."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwatch.config import load
+from gpuwatch.model import GpuSample, ProcessSample, Tick
+from gpuwatch.signals.oom import HorizonState, headroom_bytes, time_to_oom
+from gpuwatch.signals.pipeline import Pipeline
+from gpuwatch.thresholds import load_table
+
+MIB = 1 << 20
+GIB = 1 << 30
+T0 = 1_767_225_600.0
+TOTAL = 80 * GIB
+BUDGET = int(0.95 * (TOTAL - int(2.1 * GIB) - 512 * MIB))  # A100 row
+
+
+def test_time_to_oom_is_headroom_over_rate():
+    assert headroom_bytes(BUDGET, 70 * GIB) == BUDGET - 70 * GIB
+    assert time_to_oom(1000.0, 10.0) == 100.0
+    assert time_to_oom(-5.0, 10.0) == 0.0  # already past the budget and growing
+    assert time_to_oom(1000.0, 0.0) is None
+    assert time_to_oom(1000.0, -3.0) is None
+    assert time_to_oom(1000.0, None) is None
+
+
+def test_horizon_state():
+    h = HorizonState()
+    args = (7200.0, 1800.0, 1.2)
+    assert h.update(9000, True, *args) == 0
+    assert h.update(7000, True, *args) == 1
+    assert h.update(1700, True, *args) == 2
+    assert h.update(2000, True, *args) == 2  # within the resolve margin
+    assert h.update(2200, True, *args) == 1
+    assert h.update(8000, True, *args) == 1
+    assert h.update(9000, True, *args) == 0
+    assert h.update(100, False, *args) == 0  # no leak detected: nothing to say
+
+
+def run_leak(rate: float, base: float, seconds: float, onset: float = 3600.0, cfg=None):
+    pipeline = Pipeline(cfg or load(None, environ={}), load_table())
+    events = []
+    for i in range(int(seconds / 3)):
+        el = i * 3.0
+        v = base + rate * max(0.0, el - onset)
+        tick = Tick(t=T0 + el, gpus=[GpuSample(
+            index=0, uuid="GPU-0", name="NVIDIA A100-SXM4-80GB", memory_total_bytes=TOTAL,
+            memory_used_bytes=int(v + 500 * MIB),
+            processes=[ProcessSample(pid=7, name="train", used_memory_bytes=int(v),
+                                     create_time=T0 - 7200)])])
+        events += pipeline.update(tick)
+    return events, pipeline.derived
+
+
+def test_fast_leak_near_the_budget_raises_time_to_oom():
+    rate = 60 * MIB
+    events, derived = run_leak(rate, 40 * GIB, 3600 + 150)
+    ttoom = [e for e in events if e.signal == "time_to_oom"]
+    assert ttoom and ttoom[0].state == "firing" and ttoom[0].severity == "critical"
+    assert ttoom[0].gpu_uuid == "GPU-0" and ttoom[0].threshold == 1800.0
+    gpu = derived.gpus["GPU-0"]
+    used = 40 * GIB + rate * 147 + 500 * MIB
+    assert gpu.time_to_oom_seconds == pytest.approx((BUDGET - used) / rate, rel=0.2)
+    proc = derived.processes[("GPU-0", 7)]
+    assert proc.time_to_oom_seconds == pytest.approx(gpu.time_to_oom_seconds, rel=0.2)
+
+
+def test_slow_leak_close_to_the_budget_is_critical_through_time_to_oom():
+    # 30 MiB/min from 1.2 GiB under the budget: by the time the trend is established
+    # (~600 MiB later) the warning slope runs out of budget within 30 min
+    rate = 30 * MIB / 60
+    base = BUDGET - 500 * MIB - 1200 * MIB
+    events, _derived = run_leak(rate, base, 3600 + 45 * 60)
+    leak = [e for e in events if e.signal == "memory_leak" and e.state == "firing"]
+    assert leak and leak[0].pid == 7
+    assert leak[0].severity == "critical" and "time to OOM" in leak[0].message
+    assert leak[0].threshold == pytest.approx(12 * MIB / 60)  # the warning slope it crossed
+
+
+def test_slow_leak_with_room_is_only_a_warning():
+    rate = 30 * MIB / 60
+    events, _ = run_leak(rate, 10 * GIB, 3600 + 45 * 60)
+    assert [e.severity for e in events if e.signal == "memory_leak"] == ["warning"]
+    assert [e for e in events if e.signal == "time_to_oom"] == []
+
+
+def test_horizon_is_configurable():
+    cfg = load(None, environ={}, overrides={"signals": {"time_to_oom": {
+        "critical_seconds": 10 * 86400, "warning_seconds": 20 * 86400}}})
+    events, _ = run_leak(30 * MIB / 60, 10 * GIB, 3600 + 45 * 60, cfg=cfg)
+    assert [e.severity for e in events if e.signal == "time_to_oom"] == ["critical"]
