@@ -76,6 +76,8 @@ class ProbeSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     pid: int
     t: float | None = None
     device: int | None = None
+    # NVML's UUID of the device as CUDA reports it (survives CUDA_VISIBLE_DEVICES reordering)
+    gpu_uuid: str | None = None
     create_time: float | None = None
     allocated_bytes: int | None = None
     reserved_bytes: int | None = None

@@ -1,10 +1,103 @@
-"""Where in-process probes publish their stats."""
+"""Settings of the in-process probe, shared by the daemon (which reads what probes publish and
+sends them requests) and by the probe itself (which reads them from GPUWATCH_PROBE_* variables,
+the same names the daemon's configuration loader maps to this section).
+
+Where probes publish, when `dir` is empty:
+  * `/run/gpuwatch/probe` when we are root, or when it exists and we may write there (a root
+    daemon creates it sticky and world-writable like /tmp, so probes of every user can add
+    their own owner-only directory);
+  * otherwise `<temp dir>/gpuwatch-<uid>/probe`, private to one user: a daemon running as that
+    user finds the probes of that user's processes.
+Inside it each user has `<uid>/` (mode 0700) holding `<pid>.json` per process.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
+from typing import Annotated
+
 import msgspec
+
+log = logging.getLogger(__name__)
+
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+Ratio = Annotated[float, msgspec.Meta(gt=0, le=1)]
+
+SYSTEM_DIR = "/run/gpuwatch/probe"
+ENV_PREFIX = "GPUWATCH_PROBE_"
 
 
 class ProbeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # Daemon: read probe files. Probe: GPUWATCH_PROBE_ENABLED=1 opts a vLLM process in
+    # (vllm.general_plugins); =0 keeps the probe off even where it is imported.
     enabled: bool = True
     dir: str = ""
+    # Probe: how often it publishes allocator stats and the snapshot summary.
+    interval_seconds: PositiveFloat = 5.0
+    # Probe: the share of wall time it may spend; it publishes less often past it.
+    max_overhead_ratio: Ratio = 0.001
+    # Probe: how often it looks for requests (one directory listing).
+    request_poll_seconds: PositiveFloat = 0.25
+    # Probe: requests older than this are dropped unanswered (the daemon gave up).
+    request_max_age_seconds: PositiveFloat = 60.0
+    # Probe: uids besides root and its own whose requests it accepts (they also need
+    # write access to its directory).
+    request_uids: list[int] = []
+    # Probe: >0 turns on torch.cuda.memory._record_memory_history with this many entries
+    # once CUDA is up, so snapshots carry the allocation history.
+    record_history_max_entries: NonNegInt = 0
+    # Daemon: a record older than this (or than 3 of its own intervals) is ignored.
+    stale_after_seconds: PositiveFloat = 30.0
+
+
+def is_true(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def is_false(value: str) -> bool:
+    return value.strip().lower() in ("0", "false", "no", "off")
+
+
+def from_environ(environ: dict[str, str] | os._Environ | None = None) -> ProbeConfig:
+    """ProbeConfig from GPUWATCH_PROBE_* variables, for the probe inside a host process.
+
+    A bad value is logged with its variable name and that setting keeps its default: the
+    probe must never take its host down over configuration.
+    """
+    environ = os.environ if environ is None else environ
+    fields = {f.name: f.type for f in msgspec.structs.fields(ProbeConfig)}
+    raw: dict[str, object] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        if key not in fields:
+            log.warning("gpuwatch probe: %s: unknown setting, ignored", name)
+            continue
+        if key == "request_uids":
+            raw[key] = [v for v in (p.strip() for p in value.split(",")) if v]
+        else:
+            raw[key] = value
+    good: dict[str, object] = {}
+    for key, value in raw.items():
+        try:
+            msgspec.convert({key: value}, ProbeConfig, strict=False)
+        except msgspec.ValidationError as exc:
+            log.warning("gpuwatch probe: %s%s: %s, default kept", ENV_PREFIX, key.upper(), exc)
+            continue
+        good[key] = value
+    return msgspec.convert(good, ProbeConfig, strict=False)
+
+
+def resolve_dir(configured: str = "") -> str:
+    """The directory probes publish into (see the module docstring)."""
+    if configured:
+        return configured
+    if os.geteuid() == 0 or (
+        os.path.isdir(SYSTEM_DIR) and os.access(SYSTEM_DIR, os.W_OK | os.X_OK)
+    ):
+        return SYSTEM_DIR
+    return os.path.join(tempfile.gettempdir(), f"gpuwatch-{os.geteuid()}", "probe")

@@ -1,0 +1,97 @@
+"""What the probe does on request, inside the host process: flush the caching allocator,
+or write its snapshot as the pickle PyTorch's memory visualizer (pytorch.org/memory_viz)
+opens. Each returns the result dict the daemon receives; failures come back as
+{"ok": False, "error": ...}, never as an exception in the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import time
+from typing import Any
+
+from gpuwatch.probe import protocol
+from gpuwatch.probe.stats import AllocatorReader
+
+log = logging.getLogger(__name__)
+
+MAX_HISTORY_ENTRIES = 1_000_000
+
+
+def flush(reader: AllocatorReader) -> dict[str, Any]:
+    """torch.cuda.empty_cache(): return cached, unused segments to the driver."""
+    devices = reader.used_devices()
+    before = {i: reader.reserved(i) for i in devices}
+    t0 = time.perf_counter()
+    reader.cuda.empty_cache()
+    took = time.perf_counter() - t0
+    after = {i: reader.reserved(i) for i in devices}
+    total_before, total_after = sum(before.values()), sum(after.values())
+    return {
+        "ok": True,
+        "released_bytes": max(total_before - total_after, 0),
+        "reserved_before": total_before,
+        "reserved_after": total_after,
+        "duration_seconds": round(took, 6),
+        "devices": {str(i): {"reserved_before": before[i], "reserved_after": after[i]}
+                    for i in devices},
+    }
+
+
+def enable_history(torch: Any, max_entries: int) -> None:
+    """Record allocation history (stack traces of allocs/frees) from now on."""
+    max_entries = max(1, min(int(max_entries), MAX_HISTORY_ENTRIES))
+    memory = torch.cuda.memory
+    try:
+        memory._record_memory_history("all", max_entries=max_entries)
+    except TypeError:  # older torch: a bool and trace_alloc_max_entries
+        memory._record_memory_history(True, trace_alloc_max_entries=max_entries)
+
+
+def snapshot(torch: Any, params: dict[str, Any], pid: int, request_id: str,
+             own_dir: str, own_dir_fd: int) -> dict[str, Any]:
+    """Write torch.cuda.memory._snapshot() as a pickle into params["dir"] (or, when this
+    process may not write there, into its own probe directory)."""
+    record = params.get("record_history")
+    if record:
+        enable_history(torch, int(record))
+    snap = torch.cuda.memory._snapshot()
+    traces = snap.get("device_traces") or []
+    entries = sum(len(t) for t in traces)
+    with_history = bool(params.get("history"))
+    if not with_history and entries:
+        # The history can be large and was not asked for: keep the segments only.
+        snap = dict(snap, device_traces=[[] for _ in traces])
+    name = f"gpuwatch-probe-{pid}-{request_id}.pickle"
+    target = params.get("dir")
+    written = None
+    if isinstance(target, str) and target:
+        try:
+            dir_fd = protocol.open_dir(os.path.abspath(target))
+        except OSError as exc:
+            log.debug("snapshot dir %s: %s", target, exc)
+        else:
+            try:
+                protocol.write_atomic(dir_fd, name, lambda f: pickle.dump(snap, f))
+                written = os.path.join(os.path.abspath(target), name)
+            except PermissionError:
+                pass  # the daemon's directory; fall back to our own
+            finally:
+                os.close(dir_fd)
+    if written is None:
+        protocol.write_atomic(own_dir_fd, name, lambda f: pickle.dump(snap, f))
+        written = os.path.join(own_dir, name)
+    result: dict[str, Any] = {
+        "ok": True,
+        "path": written,
+        "segments": len(snap.get("segments") or ()),
+        "bytes": os.stat(written).st_size,
+        "history": with_history and entries > 0,
+        "history_entries": entries if with_history else 0,
+    }
+    if with_history and not entries:
+        result["note"] = ("allocation history is not being recorded: set "
+                          "GPUWATCH_PROBE_RECORD_HISTORY_MAX_ENTRIES or request record_history")
+    return result
