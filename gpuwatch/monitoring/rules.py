@@ -1,0 +1,341 @@
+"""Prometheus recording and alerting rules, generated from plain data (monitoring-mixin style).
+
+Recording rules are named `level:metric:operations`; alerts are CamelCase, prefixed
+`Gpuwatch`, carry a `severity` label and `summary`, `description` and `runbook_url`
+annotations. Gauges are never fed to `rate()`: leak alerts use the daemon's own robust
+estimate, ratios are ratios of summed counter rates.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+RUNBOOK_URL = "https://github.com/gpuwatch/gpuwatch/blob/main/docs/runbook.md"
+# XIDs that Kubernetes' device plugin treats as application errors (the GPU is healthy).
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+
+RULES_FILE = "gpuwatch.rules.yml"
+ALERTS_FILE = "gpuwatch.alerts.yml"
+PROMETHEUSRULE_FILE = "gpuwatch.prometheusrule.yml"
+FORMATS = ("rules", "prometheusrule")
+
+
+@dataclass(frozen=True)
+class RuleParams:
+    """Everything a site may want to tune; defaults follow spec/thresholds.md."""
+
+    job: str = "gpuwatch"
+    runbook_url: str = RUNBOOK_URL
+    # spec §2: warning at the table's slope (12 MB/min sustained), critical at 50 MB/s
+    leak_warning_bytes_per_second: float = 12 * MIB / 60
+    leak_critical_bytes_per_second: float = 50 * MIB
+    # the daemon's [signals.time_to_oom] horizons
+    time_to_oom_warning_seconds: float = 7200
+    time_to_oom_critical_seconds: float = 1800
+    # spec §4: compaction past 35 % fragmentation
+    fragmentation_ratio: float = 0.35
+    # What a good hit ratio is depends on the workload's shared prefixes: tune it.
+    kv_hit_ratio_min: float = 0.2
+    # below this query rate (tokens/s) a hit ratio says nothing
+    kv_min_queries_per_second: float = 5.0
+    # the daemon's [signals.queue] slo_quantile and slo_seconds
+    queue_latency_quantile: str = "0.95"
+    queue_latency_slo_seconds: float = 5.0
+    preemptions_per_second: float = 0.1
+    # PrometheusRule custom resource
+    resource_name: str = "gpuwatch"
+    resource_labels: dict[str, str] = field(
+        default_factory=lambda: {"app.kubernetes.io/name": "gpuwatch", "role": "alert-rules"}
+    )
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.:/-]+", self.job):
+            raise ValueError(f"job: {self.job!r} is not a plain Prometheus job name")
+        if not re.fullmatch(r"[0-9.]+", self.queue_latency_quantile):
+            raise ValueError(f"queue_latency_quantile: {self.queue_latency_quantile!r}")
+
+
+@dataclass(frozen=True)
+class Recording:
+    record: str
+    expr: str
+
+    def to_dict(self) -> dict:
+        return {"record": self.record, "expr": self.expr}
+
+
+@dataclass(frozen=True)
+class Alert:
+    alert: str
+    expr: str
+    severity: str
+    summary: str
+    description: str
+    for_: str = "0m"
+
+    def to_dict(self, runbook_url: str) -> dict:
+        return {
+            "alert": self.alert,
+            "expr": self.expr,
+            "for": self.for_,
+            "labels": {"severity": self.severity},
+            "annotations": {
+                "summary": self.summary,
+                "description": self.description,
+                "runbook_url": f"{runbook_url}#{self.alert.lower()}",
+            },
+        }
+
+
+def _num(x: float) -> str:
+    """Shortest exact text of a threshold for PromQL (209715.2, not 209715.19999999998)."""
+    return repr(float(x)).removesuffix(".0")
+
+
+def _span(seconds: float) -> str:
+    """7200 -> '2 hours', 1800 -> '30 minutes' (for summaries)."""
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{_num(seconds)} seconds"
+
+
+def recording_rules(p: RuleParams) -> list[Recording]:
+    j = f'job="{p.job}"'
+    engine = "job, instance, engine, kind, model"
+    return [
+        Recording("instance:gpuwatch_gpu_memory_used_bytes:sum",
+                  f"sum by (job, instance) (gpuwatch_gpu_memory_used_bytes{{{j}}})"),
+        Recording("instance:gpuwatch_gpu_memory_total_bytes:sum",
+                  f"sum by (job, instance) (gpuwatch_gpu_memory_total_bytes{{{j}}})"),
+        # a ratio of sums: a 24 GB GPU does not weigh as much as an 80 GB one
+        Recording("instance:gpuwatch_gpu_memory_utilization:ratio",
+                  f"instance:gpuwatch_gpu_memory_used_bytes:sum{{{j}}}\n"
+                  f"/\ninstance:gpuwatch_gpu_memory_total_bytes:sum{{{j}}}"),
+        Recording("job_zone:gpuwatch_gpus:count",
+                  f'count_values by (job) ("zone", gpuwatch_gpu_memory_zone{{{j}}})'),
+        Recording("instance_engine:gpuwatch_engine_prefix_cache_queries:rate5m",
+                  f"sum by ({engine}) "
+                  f"(rate(gpuwatch_engine_prefix_cache_queries_total{{{j}}}[5m]))"),
+        Recording("instance_engine:gpuwatch_engine_prefix_cache_hits:rate5m",
+                  f"sum by ({engine}) "
+                  f"(rate(gpuwatch_engine_prefix_cache_hits_total{{{j}}}[5m]))"),
+        Recording("instance_engine:gpuwatch_engine_prefix_cache_hit:ratio_rate5m",
+                  f"instance_engine:gpuwatch_engine_prefix_cache_hits:rate5m{{{j}}}\n"
+                  f"/\ninstance_engine:gpuwatch_engine_prefix_cache_queries:rate5m{{{j}}}"),
+        # per model across every engine serving it: summed counters, not averaged ratios
+        Recording("model:gpuwatch_engine_prefix_cache_hit:ratio_rate5m",
+                  f"sum by (job, model) "
+                  f"(instance_engine:gpuwatch_engine_prefix_cache_hits:rate5m{{{j}}})\n/\n"
+                  f"sum by (job, model) "
+                  f"(instance_engine:gpuwatch_engine_prefix_cache_queries:rate5m{{{j}}})"),
+        Recording("instance_engine:gpuwatch_engine_preemptions:rate5m",
+                  f"sum by ({engine}) (rate(gpuwatch_engine_preemptions_total{{{j}}}[5m]))"),
+        Recording("model:gpuwatch_engine_requests_waiting:sum",
+                  f"sum by (job, model) (gpuwatch_engine_requests_waiting{{{j}}})"),
+        Recording("model:gpuwatch_engine_requests_running:sum",
+                  f"sum by (job, model) (gpuwatch_engine_requests_running{{{j}}})"),
+        Recording("action_result:gpuwatch_remediation_actions:rate5m",
+                  f"sum by (job, action, result) "
+                  f"(rate(gpuwatch_remediation_actions_total{{{j}}}[5m]))"),
+    ]
+
+
+def _new_or_increased(metric: str, window: str) -> str:
+    """A counter that went up in the window, or a series that appeared in it.
+
+    The daemon creates XID and action series when the first one happens; increase() needs
+    two samples, so a first occurrence alone would never fire.
+    """
+    return (f"increase({metric}[{window}]) > 0\nor\n"
+            f"({metric} unless {metric} offset {window}) > 0")
+
+
+def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
+    j = f'job="{p.job}"'
+    ident = "{{ $labels.instance }} GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
+    proc = ("process {{ $labels.process }} (pid {{ $labels.pid }}) on {{ $labels.instance }} "
+            "GPU {{ $labels.gpu }}")
+    eng = "engine {{ $labels.engine }} ({{ $labels.model }}) on {{ $labels.instance }}"
+    app_xids = "|".join(str(x) for x in APPLICATION_XIDS)
+    xid = f'gpuwatch_gpu_xid_errors_total{{{j},xid!~"{app_xids}"}}'
+    ecc = f'gpuwatch_gpu_ecc_errors_total{{{j},type="uncorrected"}}'
+    failed = f'gpuwatch_remediation_actions_total{{{j},result="failed"}}'
+    leak_w, leak_c = _num(p.leak_warning_bytes_per_second), _num(p.leak_critical_bytes_per_second)
+    tto_w, tto_c = _num(p.time_to_oom_warning_seconds), _num(p.time_to_oom_critical_seconds)
+    q = p.queue_latency_quantile
+
+    exporter = [
+        Alert("GpuwatchExporterDown", f"up{{{j}}} == 0", "critical",
+              "gpuwatch exporter is down.",
+              "Prometheus has not scraped gpuwatch on {{ $labels.instance }} for 5 minutes: "
+              "no GPU, engine or remediation alert can fire for that host.", "5m"),
+        Alert("GpuwatchExporterAbsent", f"absent(up{{{j}}})", "critical",
+              "gpuwatch has disappeared from Prometheus target discovery.",
+              f'No target with job="{p.job}" has existed for 15 minutes: GPU hosts are '
+              "unmonitored.", "15m"),
+        Alert("GpuwatchNvmlDown", f"gpuwatch_nvml_up{{{j}}} == 0", "critical",
+              "gpuwatch cannot read the NVIDIA driver.",
+              "NVML has been unavailable to gpuwatch on {{ $labels.instance }} for 5 minutes: "
+              "GPU memory, health and process metrics are missing.", "5m"),
+    ]
+    health = [
+        Alert("GpuwatchGpuLost", f"gpuwatch_gpu_lost{{{j}}} == 1", "critical",
+              "A GPU has fallen off the bus.",
+              f"{ident} is reported lost by the driver; its workloads have failed and it "
+              "needs a reset or a reboot.", "1m"),
+        Alert("GpuwatchGpuXidError", _new_or_increased(xid, "10m"), "critical",
+              "A GPU reported a critical XID error.",
+              f"{ident} reported XID {{{{ $labels.xid }}}} in the last 10 minutes "
+              "(not one of the application-error XIDs).", "0m"),
+        Alert("GpuwatchGpuEccUncorrectable", _new_or_increased(ecc, "10m"), "critical",
+              "A GPU reported uncorrectable ECC errors.",
+              f"{ident} counted uncorrectable (volatile) ECC errors in the last 10 minutes; "
+              "drain it and check row remapping.", "0m"),
+    ]
+    memory = [
+        Alert("GpuwatchGpuMemoryZone", f"gpuwatch_gpu_memory_zone{{{j}}} == 1", "warning",
+              "GPU memory is in the warning zone.",
+              f"{ident} has been in the threshold table's warning (yellow) memory zone for "
+              "10 minutes.", "10m"),
+        Alert("GpuwatchGpuMemoryZone", f"gpuwatch_gpu_memory_zone{{{j}}} == 2", "critical",
+              "GPU memory is in the critical zone.",
+              f"{ident} has been in the threshold table's critical (red) memory zone for "
+              "2 minutes: an OOM is close.", "2m"),
+        Alert("GpuwatchGpuMemoryLeak",
+              f"gpuwatch_gpu_memory_leak_rate_bytes_per_second{{{j}}} > {leak_w}", "warning",
+              "GPU memory keeps growing.",
+              f"Memory kept on {ident} grows by {{{{ $value | humanize1024 }}}}B/s "
+              "(gpuwatch's robust estimate, warm-up and allocator sawtooth excluded).", "10m"),
+        Alert("GpuwatchGpuMemoryLeak",
+              f"gpuwatch_gpu_memory_leak_rate_bytes_per_second{{{j}}} > {leak_c}", "critical",
+              "GPU memory grows very fast.",
+              f"Memory kept on {ident} grows by {{{{ $value | humanize1024 }}}}B/s.", "2m"),
+        Alert("GpuwatchProcessMemoryLeak",
+              f"gpuwatch_process_memory_leak_rate_bytes_per_second{{{j}}} > {leak_w}",
+              "warning", "A process is leaking GPU memory.",
+              f"GPU memory kept by {proc} grows by {{{{ $value | humanize1024 }}}}B/s.",
+              "10m"),
+        Alert("GpuwatchProcessMemoryLeak",
+              f"gpuwatch_process_memory_leak_rate_bytes_per_second{{{j}}} > {leak_c}",
+              "critical", "A process is leaking GPU memory very fast.",
+              f"GPU memory kept by {proc} grows by {{{{ $value | humanize1024 }}}}B/s.", "2m"),
+        Alert("GpuwatchGpuTimeToOom",
+              f"gpuwatch_gpu_time_to_oom_seconds{{{j}}} < {tto_w}", "warning",
+              f"A GPU will run out of memory within {_span(p.time_to_oom_warning_seconds)}.",
+              f"At its current leak rate {ident} reaches its memory budget in "
+              "{{ $value | humanizeDuration }}.", "5m"),
+        Alert("GpuwatchGpuTimeToOom",
+              f"gpuwatch_gpu_time_to_oom_seconds{{{j}}} < {tto_c}", "critical",
+              f"A GPU will run out of memory within {_span(p.time_to_oom_critical_seconds)}.",
+              f"At its current leak rate {ident} reaches its memory budget in "
+              "{{ $value | humanizeDuration }}.", "2m"),
+        Alert("GpuwatchAllocatorFragmentation",
+              f"gpuwatch_process_allocator_fragmentation_ratio{{{j}}} > "
+              f"{_num(p.fragmentation_ratio)}", "warning",
+              "A process's GPU allocator is fragmented.",
+              f"The PyTorch allocator of {proc} holds "
+              "{{ $value | humanizePercentage }} of its reserved memory in fragments it "
+              "cannot reuse.", "5m"),
+    ]
+    engines = [
+        Alert("GpuwatchEngineDown", f"gpuwatch_engine_up{{{j}}} == 0", "critical",
+              "An inference engine does not answer.",
+              f"gpuwatch could not read the metrics of {eng} for 5 minutes.", "5m"),
+        Alert("GpuwatchKvCacheHitRatioLow",
+              f"instance_engine:gpuwatch_engine_prefix_cache_hit:ratio_rate5m{{{j}}} < "
+              f"{_num(p.kv_hit_ratio_min)}\nand\n"
+              f"instance_engine:gpuwatch_engine_prefix_cache_queries:rate5m{{{j}}} > "
+              f"{_num(p.kv_min_queries_per_second)}", "warning",
+              "The prefix (KV) cache hit ratio is low.",
+              f"Only {{{{ $value | humanizePercentage }}}} of the prompt tokens of {eng} "
+              "were served from the prefix cache over 5 minutes, for 15 minutes.", "15m"),
+        Alert("GpuwatchQueueLatencyHigh",
+              f'gpuwatch_engine_queue_latency_seconds{{{j},quantile="{q}"}} > '
+              f"{_num(p.queue_latency_slo_seconds)}", "warning",
+              "Requests wait too long in an engine's queue.",
+              f"The {q} quantile of queue time of {eng} is "
+              "{{ $value | humanizeDuration }}, above the "
+              f"{_num(p.queue_latency_slo_seconds)} s objective.", "10m"),
+        Alert("GpuwatchEnginePreemptions",
+              f"instance_engine:gpuwatch_engine_preemptions:rate5m{{{j}}} > "
+              f"{_num(p.preemptions_per_second)}", "warning",
+              "An inference engine keeps preempting requests.",
+              f"{eng} preempts {{{{ $value | printf \"%.2f\" }}}} requests per second: "
+              "its KV cache is too small for the load.", "15m"),
+    ]
+    remediation = [
+        Alert("GpuwatchRemediationFailed", _new_or_increased(failed, "15m"), "warning",
+              "A gpuwatch remediation action failed.",
+              "The {{ $labels.action }} action of gpuwatch on {{ $labels.instance }} failed "
+              "in the last 15 minutes; see the daemon's audit log.", "0m"),
+    ]
+    return {
+        "gpuwatch-exporter": exporter,
+        "gpuwatch-gpu-health": health,
+        "gpuwatch-gpu-memory": memory,
+        "gpuwatch-engines": engines,
+        "gpuwatch-remediation": remediation,
+    }
+
+
+def rules_document(p: RuleParams) -> dict:
+    return {"groups": [{"name": "gpuwatch.rules",
+                        "rules": [r.to_dict() for r in recording_rules(p)]}]}
+
+
+def alerts_document(p: RuleParams) -> dict:
+    return {"groups": [
+        {"name": name, "rules": [a.to_dict(p.runbook_url) for a in alerts]}
+        for name, alerts in alert_groups(p).items()
+    ]}
+
+
+def prometheus_rule(p: RuleParams) -> dict:
+    """The Prometheus Operator custom resource holding both the rules and the alerts."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": p.resource_name, "labels": dict(p.resource_labels)},
+        "spec": {"groups": rules_document(p)["groups"] + alerts_document(p)["groups"]},
+    }
+
+
+def alert_names(p: RuleParams | None = None) -> list[str]:
+    """Every distinct alert name, in file order."""
+    names: list[str] = []
+    for alerts in alert_groups(p or RuleParams()).values():
+        for a in alerts:
+            if a.alert not in names:
+                names.append(a.alert)
+    return names
+
+
+def render(p: RuleParams, fmt: str = "rules") -> dict[str, str]:
+    """File name -> YAML text for one output format."""
+    if fmt == "rules":
+        docs = {RULES_FILE: rules_document(p), ALERTS_FILE: alerts_document(p)}
+    elif fmt == "prometheusrule":
+        docs = {PROMETHEUSRULE_FILE: prometheus_rule(p)}
+    else:
+        raise ValueError(f"format: {fmt!r}; choose from {', '.join(FORMATS)}")
+    header = "# Generated by `gpuwatch alerts`; edit gpuwatch/monitoring/rules.py instead.\n"
+    return {name: header + dump_yaml(doc) for name, doc in docs.items()}
+
+
+def dump_yaml(doc: dict) -> str:
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper: yaml.SafeDumper, value: str):
+        # multi-line PromQL reads best as a literal block
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    _Dumper.add_representer(str, _str)
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
