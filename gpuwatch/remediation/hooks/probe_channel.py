@@ -1,0 +1,28 @@
+"""Requests to the in-process probe (gpuwatch.probe.requests), as one awaitable call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuwatch.remediation.hooks import HookFailed
+
+
+async def request(probe_dir: str, pid: int, action: str, params: dict[str, Any] | None,
+                  timeout: float) -> dict[str, Any]:
+    """Send one request and wait for its result; HookFailed when it cannot be had."""
+    try:
+        from gpuwatch.probe.requests import send_request, wait_result
+    except ImportError as exc:
+        raise HookFailed(f"probe request channel unavailable ({exc})") from None
+    if not probe_dir:
+        raise HookFailed("no probe directory configured")
+    try:
+        request_id = send_request(probe_dir, pid, action, params)
+        result = await wait_result(probe_dir, pid, request_id, timeout)
+    except TimeoutError:
+        raise HookFailed(f"probe in pid {pid} did not answer within {timeout:g}s") from None
+    except (OSError, ValueError) as exc:
+        raise HookFailed(f"probe request to pid {pid} failed: {exc}") from None
+    if not isinstance(result, dict):
+        raise HookFailed(f"probe in pid {pid} answered {type(result).__name__}, not an object")
+    return result

@@ -1,0 +1,170 @@
+"""Snapshot: always the NVML state of the GPU and its processes as JSON; and, through the
+probe in the process, the allocator snapshot pickle (optionally with the recorded allocation
+history) that PyTorch's memory visualizer opens.
+
+Files are owner-only, in an owner-only directory; the directory's gpuwatch-* files are
+capped in total size, oldest deleted first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gpuwatch.remediation.hooks import HookFailed, Target, probe_channel
+
+PREFIX = "gpuwatch-"
+
+
+def prepare_dir(path: str | os.PathLike) -> Path:
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = d.stat()
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        d.chmod(0o700)
+    return d
+
+
+def file_stem(t: float, target: Target) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+    gpu = (target.gpu_uuid or "nogpu").removeprefix("GPU-")[:8]
+    who = f"pid{target.pid}" if target.pid is not None else "gpu"
+    return f"{PREFIX}{stamp}-{gpu}-{who}"
+
+
+def state_record(snap: Any, target: Target, event: dict[str, Any], t: float) -> dict[str, Any]:
+    """What NVML last said about the target's GPU and processes, and what gpuwatch derived."""
+    tick = getattr(snap, "tick", None)
+    derived = getattr(snap, "derived", None)
+    gpu = next((g for g in getattr(tick, "gpus", ()) if g.uuid == target.gpu_uuid), None)
+    rec: dict[str, Any] = {
+        "format": "gpuwatch-nvml-state", "version": 1, "t": t,
+        "sample_t": getattr(tick, "t", None),
+        "target": dataclasses.asdict(target), "event": event,
+        "gpu": msgspec.to_builtins(gpu) if gpu is not None else None,
+    }
+    if derived is not None and target.gpu_uuid:
+        sig = derived.gpus.get(target.gpu_uuid)
+        rec["gpu_signals"] = dataclasses.asdict(sig) if sig is not None else None
+        rec["process_signals"] = {
+            str(pid): dataclasses.asdict(ps)
+            for (uuid, pid), ps in derived.processes.items() if uuid == target.gpu_uuid
+        }
+    pids = {p.pid for p in gpu.processes} if gpu is not None else set()
+    rec["probes"] = [msgspec.to_builtins(p) for p in getattr(tick, "probes", ()) if p.pid in pids]
+    return rec
+
+
+def write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _regular_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)  # never follow a link the probe left
+    except OSError:
+        return False
+
+
+def _adopt(src: Path, dest: Path) -> Path:
+    """Move the probe's file under our name and mode; keep it where it is if that fails."""
+    try:
+        try:
+            os.replace(src, dest)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            shutil.copyfile(src, dest, follow_symlinks=False)
+            src.unlink()
+        dest.chmod(0o600)
+        return dest
+    except OSError:
+        with contextlib.suppress(OSError):
+            src.chmod(0o600)
+        return src
+
+
+def enforce_cap(directory: Path, max_total_bytes: int, keep: set[Path] = frozenset()) -> list[str]:
+    """Delete the oldest gpuwatch-* files until the total fits; returns the names deleted."""
+    files = []
+    for entry in os.scandir(directory):
+        if entry.name.startswith(PREFIX) and entry.is_file(follow_symlinks=False):
+            st = entry.stat(follow_symlinks=False)
+            files.append((st.st_mtime, entry.name, st.st_size))
+    total = sum(f[2] for f in files)
+    deleted = []
+    for _mtime, name, size in sorted(files):
+        if total <= max_total_bytes:
+            break
+        if directory / name in keep:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            (directory / name).unlink()
+        total -= size
+        deleted.append(name)
+    return deleted
+
+
+async def take(snap: Any, target: Target, event: dict[str, Any], *, directory: str,
+               max_total_bytes: int, probe_dir: str, has_probe: bool, history: bool,
+               timeout: float, t: float) -> dict:
+    d = prepare_dir(directory)
+    stem = file_stem(t, target)
+    detail: dict[str, Any] = {"dir": str(d)}
+    data = msgspec.json.encode(state_record(snap, target, event, t))
+    for n in range(1000):  # two snapshots of one target in the same microsecond
+        if n:
+            stem = f"{file_stem(t, target)}-{n}"
+        state = d / f"{stem}-nvml.json"
+        try:
+            write_private(state, data)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise HookFailed(f"no free file name for {stem} in {d}")
+    detail["nvml_state"] = str(state)
+    written = {state}
+    if target.pid is not None and has_probe:
+        try:
+            res = await probe_channel.request(probe_dir, target.pid, "snapshot",
+                                              {"dir": str(d), "history": history}, timeout)
+        except HookFailed as exc:
+            detail["probe_error"] = str(exc)
+        else:
+            path = Path(res.get("path") or "")
+            if res.get("ok") and _regular_file(path):
+                path = _adopt(path, d / f"{stem}-allocator.pickle")
+                written.add(path)
+                detail["allocator_snapshot"] = str(path)
+                detail["segments"] = res.get("segments")
+                if history:
+                    detail["history"] = bool(res.get("history", True))
+                if res.get("note"):
+                    detail["probe_note"] = res["note"]
+            else:
+                detail["probe_error"] = res.get("error") or "probe wrote no snapshot"
+    elif target.pid is not None:
+        detail["probe"] = "none in this process: NVML state only"
+    deleted = enforce_cap(d, max_total_bytes, keep=written)
+    if deleted:
+        detail["deleted_for_cap"] = deleted
+    if "probe_error" in detail:
+        # The NVML state is there, but what was asked of the probe is not.
+        raise HookFailed(f"allocator snapshot failed: {detail['probe_error']} "
+                         "(NVML state written)", detail)
+    return detail

@@ -1,0 +1,215 @@
+"""`POST /alertmanager`: Alertmanager's webhook (payload version 4) as a remediation trigger.
+
+Bearer token required (constant-time compare); without a configured token the endpoint is
+disabled. Only firing alerts act, each (fingerprint, startsAt) once. Every answer is a JSON
+object; bad input gets a 4xx, never a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import re
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from gpuwatch.events import Event
+from gpuwatch.remediation.config import WebhookConfig, parse_action
+
+if TYPE_CHECKING:
+    from gpuwatch.remediation.remediator import Remediator
+
+log = logging.getLogger(__name__)
+
+DEDUP_MAX_ENTRIES = 10_000
+DEFAULT_ACTIONS = (("snapshot", ""),)
+
+
+class Alert(msgspec.Struct, kw_only=True, rename="camel"):
+    status: str
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    starts_at: str = ""
+    ends_at: str = ""
+    fingerprint: str = ""
+
+
+class Payload(msgspec.Struct, kw_only=True, rename="camel"):
+    version: str
+    status: str = ""
+    receiver: str = ""
+    group_key: str = ""
+    alerts: list[Alert]
+
+
+_decoder = msgspec.json.Decoder(Payload)
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"status": "error", "error": message}, status=status,
+                             headers=headers or None)
+
+
+class AlertmanagerWebhook:
+    def __init__(self, remediator: Remediator, config: WebhookConfig, *, clock) -> None:
+        self.remediator = remediator
+        self.clock = clock
+        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.reconfigure(config)
+
+    def reconfigure(self, config: WebhookConfig) -> None:
+        self.config = config
+        self._token = config.token.encode()
+        self._routes = [
+            (re.compile(r.alertname) if r.alertname else None, r.match,
+             tuple(parse_action(a) for a in r.actions))
+            for r in config.routes
+        ]
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._handle(request)
+        except Exception:
+            log.exception("alertmanager webhook: unexpected error")
+            return _error(500, "internal error (logged)")
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if not self._token:
+            return _error(404, "webhook disabled: set webhook.token (GPUWATCH_WEBHOOK_TOKEN)")
+        if not self.remediator.config.enabled:
+            return _error(404, "webhook disabled: remediation.enabled is false")
+        if not self._authorized(request.headers.get("Authorization", "")):
+            return _error(401, "missing or wrong bearer token",
+                          **{"WWW-Authenticate": 'Bearer realm="gpuwatch"'})
+        ctype = request.content_type
+        if request.headers.get("Content-Type") and ctype != "application/json":
+            return _error(415, f"expected application/json, got {ctype}")
+        body = await self._read_limited(request)
+        if body is None:
+            return _error(413, f"body larger than {self.config.max_body_bytes} bytes")
+        try:
+            payload = _decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return _error(400, f"invalid Alertmanager payload: {exc}")
+        if payload.version != "4":
+            return _error(400, f"unsupported payload version {payload.version!r} (expected '4')")
+        if self.remediator.snap is None or getattr(self.remediator.snap, "tick", None) is None:
+            # Alertmanager retries on 5xx: the first sample is seconds away.
+            return _error(503, "no sample yet", **{"Retry-After": "5"})
+        return web.json_response(self.process(payload))
+
+    def _authorized(self, header: str) -> bool:
+        scheme, _, token = header.partition(" ")
+        # Compare even on a wrong scheme so the timing does not tell which part failed.
+        ok = hmac.compare_digest(token.strip().encode(), self._token)
+        return ok and scheme.lower() == "bearer"
+
+    async def _read_limited(self, request: web.Request) -> bytes | None:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return None
+        chunks, size = [], 0
+        while chunk := await request.content.read(65536):
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def process(self, payload: Payload) -> dict[str, Any]:
+        now = self.clock()
+        self._expire(now)
+        actions: list[dict] = []
+        ignored: list[dict] = []
+        for alert in payload.alerts:
+            name = alert.labels.get("alertname", "")
+            fp = alert.fingerprint or _fingerprint(alert.labels)
+            why = self._ignore_reason(alert, fp)
+            if why:
+                ignored.append({"alertname": name, "fingerprint": fp, "reason": why})
+                continue
+            route = self._route(alert)
+            if route is None:
+                ignored.append({"alertname": name, "fingerprint": fp, "reason": "no route"})
+                continue
+            event = _event_from(alert, now, self.remediator.snap)
+            if event is None:
+                ignored.append({"alertname": name, "fingerprint": fp,
+                                "reason": "labels name no uuid/gpu, pid or engine"})
+                continue
+            if event.gpu_uuid and event.gpu_uuid not in self._local_uuids():
+                # One Alertmanager receiver fans out to every host: not ours to act on.
+                ignored.append({"alertname": name, "fingerprint": fp,
+                                "reason": f"GPU {event.gpu_uuid} is not on this host"})
+                continue
+            self._seen[(fp, alert.starts_at)] = now
+            decided = self.remediator.act(
+                event, route, trigger="alertmanager",
+                context={"alertname": name, "fingerprint": fp, "receiver": payload.receiver},
+            )
+            started = len(route) - len(decided)
+            actions += [msgspec.to_builtins(a) for a in decided]
+            if started:
+                actions.append({"alertname": name, "fingerprint": fp, "started": started})
+        return {"status": "ok", "actions": actions, "ignored": ignored}
+
+    def _local_uuids(self) -> set[str]:
+        tick = getattr(self.remediator.snap, "tick", None)
+        return {g.uuid for g in getattr(tick, "gpus", ())}
+
+    def _ignore_reason(self, alert: Alert, fp: str) -> str:
+        if alert.status != "firing":
+            return f"status {alert.status}"
+        if (fp, alert.starts_at) in self._seen:
+            return "duplicate"
+        return ""
+
+    def _route(self, alert: Alert) -> tuple | None:
+        if not self._routes:
+            return DEFAULT_ACTIONS
+        name = alert.labels.get("alertname", "")
+        for pattern, match, actions in self._routes:
+            if pattern is not None and not pattern.fullmatch(name):
+                continue
+            if all(alert.labels.get(k) == v for k, v in match.items()):
+                return actions
+        return None
+
+    def _expire(self, now: float) -> None:
+        while self._seen:
+            key, t = next(iter(self._seen.items()))
+            if now - t < self.config.dedup_seconds and len(self._seen) <= DEDUP_MAX_ENTRIES:
+                break
+            del self._seen[key]
+
+
+def _fingerprint(labels: dict[str, str]) -> str:
+    text = "\xff".join(f"{k}\xff{v}" for k, v in sorted(labels.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _event_from(alert: Alert, now: float, snap: Any) -> Event | None:
+    labels = alert.labels
+    uuid = labels.get("uuid") or None
+    if uuid is None and labels.get("gpu", "").isdigit():
+        tick = getattr(snap, "tick", None)
+        index = int(labels["gpu"])
+        uuid = next((g.uuid for g in getattr(tick, "gpus", ()) if g.index == index), None)
+    pid = int(labels["pid"]) if labels.get("pid", "").isdigit() else None
+    engine = labels.get("engine") or None
+    if uuid is None and pid is None and engine is None:
+        return None
+    value = None
+    with contextlib.suppress(ValueError, KeyError):
+        value = float(alert.annotations["value"])
+    return Event(
+        t=now, signal=labels.get("signal") or labels.get("alertname", "alert"),
+        state="firing", severity=labels.get("severity", "warning"), gpu_uuid=uuid, pid=pid,
+        engine=engine, value=value,
+        message=alert.annotations.get("summary") or alert.annotations.get("description", ""),
+    )
