@@ -10,6 +10,9 @@ import click
 
 from gpuwatch import __version__
 from gpuwatch import config as config_mod
+from gpuwatch.monitoring.cli import alerts as alerts_command
+from gpuwatch.monitoring.cli import dashboards as dashboards_command
+from gpuwatch.thresholds.cli import thresholds as thresholds_command
 
 SCENARIO_NAMES = ("steady", "leak", "fragmentation", "mixed", "large")
 
@@ -35,6 +38,12 @@ def _load(config_file: str | None, overrides: dict) -> config_mod.Config:
 @click.version_option(__version__, prog_name="gpuwatch")
 def main() -> None:
     """Observability for GPU hosts that serve LLMs."""
+
+
+# Generators and table inspection live with their subsystems; importing them costs only click.
+main.add_command(dashboards_command)
+main.add_command(alerts_command)
+main.add_command(thresholds_command)
 
 
 @main.command()

@@ -48,6 +48,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     record: str = ""
     simulate: str = ""
     seed: int = 0
+    # Simulated process name -> a real pid whose identity it takes (remediation tests).
+    simulate_pids: dict[str, int] = {}
     events_log: str = ""
     nvml: NvmlConfig = msgspec.field(default_factory=NvmlConfig)
     engines: list[EngineConfig] = []
@@ -119,7 +121,9 @@ def _env_to_dict(environ: dict[str, str]) -> dict[str, Any]:
     prefixes the rest wins, so keys with underscores (nvml.fast_interval_seconds) work."""
     out: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+        # GPUWATCH_EVENT_*: what an exec hook receives, not settings.
+        if (not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG"
+                or name.startswith(ENV_PREFIX + "EVENT_")):
             continue
         rest = name[len(ENV_PREFIX):].lower()
         path = _resolve_env_path(Config, rest)

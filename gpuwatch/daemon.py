@@ -24,14 +24,16 @@ from aiohttp import web
 
 from gpuwatch import config as config_mod
 from gpuwatch.config import Config, ConfigError
-from gpuwatch.events import Event, to_json
+from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
+from gpuwatch.probe.config import resolve_dir
 from gpuwatch.recording import Recorder
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.sources.base import BackendUnavailable, GpuBackend
+from gpuwatch.sources.probes import prepare_probe_dir, read_probes
 
 log = logging.getLogger("gpuwatch")
 
@@ -43,7 +45,8 @@ def make_backend(cfg: Config) -> GpuBackend:
         from gpuwatch.sources.simulate import SimulatedBackend
 
         return SimulatedBackend(cfg.simulate, seed=cfg.seed,
-                                interval=cfg.nvml.fast_interval_seconds)
+                                interval=cfg.nvml.fast_interval_seconds,
+                                real_pids=cfg.simulate_pids)
     from gpuwatch.sources.nvml import NvmlBackend
 
     return NvmlBackend(only=cfg.nvml.gpus, xid_events=cfg.nvml.xid_events)
@@ -177,6 +180,12 @@ class Daemon:
         self._engine_task: asyncio.Task | None = None
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
+        self.remediator = None
+        self.probe_dir = resolve_dir(cfg.probe.dir)
+        if cfg.probe.enabled and not cfg.simulate and os.geteuid() == 0:
+            # Shared and sticky, so probes of every user can publish into it.
+            with contextlib.suppress(OSError):
+                prepare_probe_dir(self.probe_dir)
 
     # -- the tick ---------------------------------------------------------------------
     async def _probes(self, now: float) -> list[ProbeSample]:
@@ -185,7 +194,13 @@ class Daemon:
             return own
         if not self.config.probe.enabled:
             return []
-        return []
+        problems: list[str] = []
+        samples = read_probes(self.probe_dir, now,
+                              stale_after=self.config.probe.stale_after_seconds,
+                              problems=problems)
+        st = self.sources.setdefault("probes", SourceStatus())
+        st.up, st.last_success, st.reason = True, now, "; ".join(problems[:3])
+        return samples
 
     def _take_engines(self, now: float) -> list[EngineSample]:
         engines, self._pending_engines = self._pending_engines, []
@@ -199,10 +214,14 @@ class Daemon:
         gpus = await self.sampler.sample(now)
         probes = await self._probes(now)
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
-        self._process(tick)
+        events = self._process(tick)
+        if self.remediator is not None:
+            for action in await self.remediator.on_events(events, self.snapshot):
+                log.info("action %s", to_json(action))
+                self._log_event(action)
         return tick
 
-    def _process(self, tick: Tick) -> None:
+    def _process(self, tick: Tick) -> list[Event]:
         if self._recorder is not None:
             try:
                 self._recorder.write(tick)
@@ -221,9 +240,9 @@ class Daemon:
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
         self._publish(tick, ready=True)
-        return None
+        return events
 
-    def _log_event(self, ev: Event) -> None:
+    def _log_event(self, ev: Event | ActionEvent) -> None:
         if self._events_log is None:
             return
         try:
@@ -235,6 +254,8 @@ class Daemon:
 
     def _publish(self, tick: Tick | None, ready: bool) -> None:
         self._version += 1
+        if self.remediator is not None:
+            self._extras["remediation"] = self.remediator.counters()
         self.snapshot = Snapshot(
             version=self._version,
             tick=tick,
@@ -312,6 +333,15 @@ class Daemon:
                 log.info("signals rebuilt from the new configuration (windows restart)")
         if (new.engines, new.discovery) != (old.engines, old.discovery):
             self._start_engines()
+        if self.remediator is not None and (new.remediation, new.webhook) != (
+                old.remediation, old.webhook):
+            try:
+                self.remediator.reconfigure(new.remediation, new.webhook)
+            except (ValueError, OSError) as exc:
+                log.error("new remediation settings rejected, keeping the current ones: %s",
+                          exc)
+                self.config = msgspec.structs.replace(
+                    self.config, remediation=old.remediation, webhook=old.webhook)
         log.info("configuration reloaded")
         return True
 
@@ -334,7 +364,13 @@ class Daemon:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
-        app = make_app(lambda: self.snapshot, self.renderer)
+        try:
+            self.remediator = self._make_remediator()
+        except (ValueError, OSError) as exc:
+            log.error("remediation: %s", exc)
+            return 2
+        app = make_app(lambda: self.snapshot, self.renderer,
+                       extra_routes=self.remediator.routes())
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True)
@@ -343,6 +379,7 @@ class Daemon:
         except OSError as exc:
             log.error("cannot listen on %s: %s", self.config.listen, exc.strerror or exc)
             await runner.cleanup()
+            await self.remediator.close()
             return 2
         log.info("serving on http://%s:%d/ (backend: %s)", host or "0.0.0.0", port,
                  self.backend.name)
@@ -365,7 +402,15 @@ class Daemon:
                 if t is not None:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
+            await runner.cleanup()
+            await self.remediator.close()
             self._close_outputs()
             self.sampler.close()
-            await runner.cleanup()
         return 0
+
+    def _make_remediator(self):
+        from gpuwatch.remediation.remediator import Remediator
+
+        cfg = self.config
+        return Remediator(cfg.remediation, cfg.webhook, probe_dir=self.probe_dir,
+                          table=self.pipeline.table)

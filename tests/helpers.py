@@ -69,7 +69,8 @@ class Proc:
                                      env=env, cwd=workdir)
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def alive(self) -> bool:
@@ -100,7 +101,9 @@ class Daemon(Proc):
             argv += ["--config", str(cfg)]
         argv += list(args)
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-        full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
+        # State (audit log, snapshots) stays in the test's directory.
+        full_env = {**os.environ, "PYTHONPATH": path,
+                    "STATE_DIRECTORY": str(workdir / f"state-{self.port}"), **(env or {})}
         super().__init__(argv, workdir, f"gpuwatch-{self.port}", env=full_env)
         if wait_ready:
             self.wait_ready()

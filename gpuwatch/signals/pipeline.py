@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from gpuwatch.engines.analyzer import EngineAnalyzer
 from gpuwatch.events import Event
 from gpuwatch.model import Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.fragmentation import FragmentationAnalyzer
+from gpuwatch.signals.memory import MemoryAnalyzer
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +24,10 @@ def build_analyzers(config, table) -> list[Analyzer]:
     """Every analyzer, in the order they run (later ones may read what earlier ones set)."""
     analyzers: list[Analyzer] = []
     # (analyzers are appended here by the subsystems that provide them)
+    analyzers.append(EngineAnalyzer(config))  # first: later analyzers read derived.engines
+    # memory (zone, leak, time to OOM) reads the engines' planned pools: after the engines
+    analyzers.append(MemoryAnalyzer(config, table))
+    analyzers.append(FragmentationAnalyzer.from_config(config, table))  # probes (spec §4)
     return analyzers
 
 

@@ -13,6 +13,10 @@ MODULES = (
     "gpuwatch.exporter.families.gpu",
     "gpuwatch.exporter.families.process",
     # subsystems add their family modules below
+    "gpuwatch.exporter.families.engines",
+    "gpuwatch.exporter.families.memory_signals",
+    "gpuwatch.exporter.families.remediation",
+    "gpuwatch.exporter.families.allocator",
 )
 
 

@@ -26,8 +26,10 @@ class SimulatedBackend:
     name = "simulate"
     driver_version = "580.00.00-simulated"
 
-    def __init__(self, scenario: str, seed: int = 0, interval: float = 2.0) -> None:
+    def __init__(self, scenario: str, seed: int = 0, interval: float = 2.0,
+                 real_pids: dict[str, int] | None = None) -> None:
         self.scenario = scenarios.get(scenario)
+        self.real_pids = dict(real_pids or {})
         self.seed = seed
         self.interval = interval
         self.start: float | None = None
@@ -64,8 +66,9 @@ class SimulatedBackend:
             name, total = gpu.model
             procs = [
                 ProcessSample(
-                    pid=_pid(spec, gen), name=spec.name, user=spec.user,
-                    used_memory_bytes=int(used), create_time=round(now - age, 3),
+                    pid=self._pid(spec, gen), name=spec.name, user=spec.user,
+                    used_memory_bytes=int(used),
+                    create_time=self._create_time(spec, round(now - age, 3)),
                 )
                 for gi, spec, gen, age, used, _ in alive if gi == g
             ]
@@ -89,6 +92,21 @@ class SimulatedBackend:
             ))
         return out
 
+    def _pid(self, spec: ProcessSpec, gen: int) -> int:
+        return self.real_pids.get(spec.name) or _pid(spec, gen)
+
+    def _create_time(self, spec: ProcessSpec, simulated: float) -> float:
+        """A process standing in for a real pid carries that process's identity."""
+        pid = self.real_pids.get(spec.name)
+        if pid is None:
+            return simulated
+        import psutil
+
+        try:
+            return psutil.Process(pid).create_time()
+        except psutil.Error:
+            return simulated
+
     def sample_slow(self, now: float) -> dict[str, dict]:
         elapsed = self._elapsed(now)
         return {
@@ -107,13 +125,13 @@ class SimulatedBackend:
             if not spec.probe:
                 continue
             reserved = max(used - CONTEXT_BYTES, 0)
-            # Fragmentation builds up over a minute once serving starts.
-            f = min(max((age - 20.0) / 60.0, 0.0), 1.0) if spec.probe == "fragmenting" else 0
+            # Fragmentation builds up over a minute from 20 s after the scenario started.
+            f = min(max((elapsed - 20.0) / 60.0, 0.0), 1.0) if spec.probe == "fragmenting" else 0
             total_free = reserved * (0.08 + 0.30 * f)
             free_blocks = int(12 + 1200 * f)
             largest = total_free * (0.75 - 0.65 * f)
             out.append(ProbeSample(
-                pid=_pid(spec, gen), t=now, device=g, create_time=round(now - age, 3),
+                pid=self._pid(spec, gen), t=now, device=g, create_time=round(now - age, 3),
                 allocated_bytes=int(reserved - total_free), reserved_bytes=int(reserved),
                 inactive_split_bytes=int(total_free * (0.2 + 0.75 * f)),
                 num_alloc_retries=int(40 * f), num_ooms=0, free_blocks=free_blocks,
@@ -138,6 +156,6 @@ class SimulatedBackend:
             out.append(EngineSample(
                 name=spec.engine, kind="vllm", url=f"simulate://{spec.engine}/metrics",
                 exposition=text, error="connection refused (loading)" if text is None else None,
-                t=now, duration_seconds=0.001, pids=[_pid(spec, gen)],
+                t=now, duration_seconds=0.001, pids=[self._pid(spec, gen)],
             ))
         return out

@@ -34,13 +34,20 @@ class Scenario:
     extra: dict = field(default_factory=dict)
 
 
+# Most processes were already serving when the daemon started (an hour and more before,
+# past warm-up); a scenario that shows a life cycle starts one at a positive time.
+ALREADY_RUNNING = -3600.0
+
+
 def _server(slot: int, weights_gb: float, **kw) -> ProcessSpec:
+    kw.setdefault("start_seconds", ALREADY_RUNNING - 60.0 * slot)
     return ProcessSpec(slot=slot, name=kw.pop("name", "python3"),
                        weights_bytes=weights_gb * GIB, **kw)
 
 
 def _vllm(slot: int, total: int, utilization: float = 0.9, **kw) -> ProcessSpec:
     """vLLM pre-allocates its KV pool up to gpu_memory_utilization: high and flat."""
+    kw.setdefault("start_seconds", ALREADY_RUNNING)
     return ProcessSpec(
         slot=slot, name="vllm", weights_bytes=total * utilization - 1.5 * GIB,
         steady_extra_bytes=1.0 * GIB, warmup_peak_bytes=0.5 * GIB,
@@ -50,10 +57,12 @@ def _vllm(slot: int, total: int, utilization: float = 0.9, **kw) -> ProcessSpec:
 
 def steady() -> Scenario:
     return Scenario(
-        "steady", "two A100-80GB serving steadily: warm-up, plateau, allocator sawtooth",
+        "steady", "two A100-80GB serving steadily (allocator sawtooth, transients); a new "
+        "replica starts after 30 s: loading, warm-up peak, plateau",
         (
             GpuSpec(A100_80, (_server(0, 30, transient_bytes=600 * MB),)),
-            GpuSpec(A100_80, (_server(1, 24), _server(2, 8, name="embedder"))),
+            GpuSpec(A100_80, (_server(1, 24), _server(2, 8, name="embedder", start_seconds=30.0,
+                                                       load_seconds=20.0, warmup_seconds=40.0))),
         ),
     )
 
@@ -64,8 +73,9 @@ def leak() -> Scenario:
         (
             GpuSpec(A100_80, (
                 _server(0, 20),
+                # serving for an hour, then leaking from 20 s after the daemon started
                 _server(1, 10, name="leaky-worker", leak_bytes_per_second=50 * MB,
-                        leak_after_seconds=20.0),
+                        start_seconds=ALREADY_RUNNING, leak_after_seconds=-ALREADY_RUNNING + 20),
             )),
         ),
     )
@@ -97,7 +107,8 @@ def mixed() -> Scenario:
                 _server(3, 16, name="embedder"),
                 # 30 MB/min: a slow leak (above the table's 12 MB/min warning slope)
                 _server(4, 6, name="tokenizer-svc", leak_bytes_per_second=0.5 * MB,
-                        leak_after_seconds=30.0, probe="fragmenting"),
+                        start_seconds=ALREADY_RUNNING,
+                        leak_after_seconds=-ALREADY_RUNNING + 30, probe="fragmenting"),
                 _server(5, 4, name="asr"),
             )),
             GpuSpec(RTX4090, (_server(6, 12), _server(7, 3, name="tts"))),

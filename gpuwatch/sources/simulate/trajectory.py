@@ -25,6 +25,7 @@ class ProcessSpec:
     warmup_peak_bytes: float = 2.0 * GIB
     load_seconds: float = 8.0
     warmup_seconds: float = 8.0
+    # When the process started, in seconds from the scenario's start (negative: before).
     start_seconds: float = 0.0
     sawtooth_bytes: float = 256 * MB
     sawtooth_period_seconds: float = 45.0
