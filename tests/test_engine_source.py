@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gpuwatch.engines import discovery
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+from gpuwatch.engines.normalize import compact, read
 from gpuwatch.engines.urls import engine_from_url, engines_from_urls, normalize_url
 from gpuwatch.sources.engines import EngineSource, engines_from_flags, redact, scrape
 
@@ -57,7 +58,9 @@ def test_scrape_accepts_any_content_type_and_records_everything():
         return web.Response(body=VLLM.encode(), content_type="application/octet-stream")
 
     s = asyncio.run(scrape_once({"/metrics": h}))
-    assert s.error is None and s.exposition == VLLM
+    # kept as what gpuwatch reads of it, which reads exactly like the whole scrape
+    assert s.error is None and s.exposition == compact(VLLM)
+    assert read(s.exposition) == read(VLLM)
     assert s.kind == "auto" and s.pids == [7] and s.t > 1e9 and s.duration_seconds >= 0
 
 
@@ -80,7 +83,7 @@ def test_scrape_decompresses_gzip():
         return web.Response(body=gzip.compress(VLLM.encode()),
                             headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
 
-    assert asyncio.run(scrape_once({"/metrics": h})).exposition == VLLM
+    assert asyncio.run(scrape_once({"/metrics": h})).exposition == compact(VLLM)
 
 
 @pytest.mark.parametrize("chunked", [False, True])

@@ -111,6 +111,55 @@ def _add(expo: Exposition, families) -> None:
             expo.samples.setdefault(s.name, {})[_label_key(s.labels)] = value
 
 
+# Series text ("name{labels}") -> (name, label key), parsed once by prometheus_client's
+# parser: label sets repeat from scrape to scrape, only values change, and label parsing is
+# most of the parser's cost (replay reads one scrape per tick for a day of ticks).
+_SERIES_CACHE: dict[str, tuple[str, LabelKey]] = {}
+_SERIES_CACHE_MAX = 50_000
+
+
+def _series(series: str) -> tuple[str, LabelKey] | None:
+    hit = _SERIES_CACHE.get(series)
+    if hit is not None:
+        return hit
+    try:
+        families = list(text_string_to_metric_families(series + " 0\n"))
+        (sample,) = [s for f in families for s in f.samples]
+    except Exception:
+        return None
+    if len(_SERIES_CACHE) >= _SERIES_CACHE_MAX:
+        _SERIES_CACHE.clear()  # hostile churn of label values: start over, stay bounded
+    hit = _SERIES_CACHE[series] = (sample.name, _label_key(sample.labels))
+    return hit
+
+
+def _add_cached(expo: Exposition, lines: list[str]) -> list[str]:
+    """Add the lines whose series text is known or parses alone; return the others."""
+    rest: list[str] = []
+    for line in lines:
+        brace = line.rfind("}")
+        if brace >= 0:
+            head, tail = line[:brace + 1], line[brace + 1:]
+        elif "{" in line:
+            rest.append(line)  # an unterminated label set: the parser's verdict
+            continue
+        else:
+            head, _, tail = line.partition(" ")
+        tokens = tail.split()
+        parsed = _series(head) if tokens and len(tokens) <= 2 else None
+        if parsed is None:
+            rest.append(line)
+            continue
+        try:
+            value = float(tokens[0])
+        except ValueError:
+            rest.append(line)
+            continue
+        name, key = parsed
+        expo.samples.setdefault(name, {})[key] = value
+    return rest
+
+
 def parse(text: str, prefixes: tuple[str, ...], wanted: frozenset[str]) -> Exposition:
     """Parse the wanted series of an exposition; never raises on bad input."""
     expo = Exposition()
@@ -118,14 +167,16 @@ def parse(text: str, prefixes: tuple[str, ...], wanted: frozenset[str]) -> Expos
     if dropped:
         expo.skipped_lines += dropped
         expo.notes.append(f"{dropped} over-long or excess line(s) ignored")
+    lines = _add_cached(expo, lines)
     if not lines:
         return expo
     try:
         _add(expo, text_string_to_metric_families("\n".join(lines) + "\n"))
         return expo
     except Exception:
-        # One bad line fails the whole parse: redo it line by line and keep the good ones.
-        expo.samples.clear()
+        # One bad line fails the whole parse: redo it line by line and keep the good ones
+        # (samples added before the failure are added again, in order: the last one wins).
+        pass
     bad = 0
     for line in lines:
         try:

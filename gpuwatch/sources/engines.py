@@ -19,6 +19,7 @@ import aiohttp
 from gpuwatch import __version__
 from gpuwatch.engines import discovery as disc
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+from gpuwatch.engines.normalize import compact
 from gpuwatch.engines.urls import engines_from_urls, host_port, is_local, same_local_endpoint
 from gpuwatch.model import EngineSample
 
@@ -99,7 +100,7 @@ async def scrape(
                     if body is None:
                         error = why
                     else:
-                        text = body.decode("utf-8", errors="replace")
+                        text = compact(body.decode("utf-8", errors="replace"), cfg.kind)
     except TimeoutError:
         error = f"no complete response within {cfg.timeout_seconds:g}s"
     except asyncio.CancelledError:

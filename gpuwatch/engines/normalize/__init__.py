@@ -9,7 +9,7 @@ from __future__ import annotations
 from gpuwatch.engines.detect import describe_unrecognized, detect_kind
 from gpuwatch.engines.normalize import llamacpp, sglang, tgi, triton, vllm
 from gpuwatch.engines.normalize.common import Reading
-from gpuwatch.engines.parse import parse
+from gpuwatch.engines.parse import help_text, parse, select_lines
 
 MODULES = {
     "vllm": vllm,
@@ -19,7 +19,26 @@ MODULES = {
     "triton": triton,
 }
 
-__all__ = ["MODULES", "Reading", "read"]
+__all__ = ["MODULES", "Reading", "compact", "read"]
+
+
+def compact(text: str, kind: str = "auto") -> str:
+    """Only what read() uses of an exposition: the wanted sample lines and their # HELP.
+
+    The engine source keeps this (not the whole scrape) in the sample, so the live analysis,
+    the recording and its replay all read the same text, a tenth of the size. Text that is
+    not recognized stays whole, for the reason read() gives.
+    """
+    detected = detect_kind(text)
+    kind = detected if kind == "auto" else kind
+    module = MODULES.get(kind or "")
+    if module is None:
+        return text
+    lines, _ = select_lines(text, module.PREFIXES, module.WANTED)
+    if not lines:
+        return text  # read() explains why from the whole text
+    helps = [f"# HELP {n} {h}" for n in sorted(module.WANTED) if (h := help_text(text, n))]
+    return "\n".join([*helps, *lines]) + "\n"
 
 
 def read(text: str, kind: str = "auto") -> tuple[Reading | None, str]:
