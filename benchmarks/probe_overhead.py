@@ -1,7 +1,8 @@
 """What the in-process probe costs a PyTorch process (needs torch with CUDA).
 
-Two step loops, each timed with the probe off and on, in alternating blocks so drift in
-clocks or thermals hits both alike:
+Two step loops, each timed with the probe off and on, in ABBA-ordered blocks so drift in
+clocks or thermals favours neither, next to an off-against-off run (the method's noise
+floor):
   train  an MLP forward + backward + optimizer step on a batch whose size changes each step
          (the allocator keeps splitting and reusing blocks);
   serve  a decode-like step: a few small matmuls plus KV-like tensors of 1-8 MiB allocated
@@ -84,28 +85,38 @@ def timed_block(torch, step, seconds: float) -> list[float]:
     return out
 
 
-def compare(torch, step, config: ProbeConfig, seconds: float, rounds: int) -> dict:
+def compare(torch, step, config: ProbeConfig | None, seconds: float, rounds: int) -> dict:
+    """Blocks with the probe off and on, in ABBA order (drift in clocks or thermals then
+    favours neither). config None: off against off, the noise floor of the method."""
     import gpuwatch.probe as probe
 
     off: list[float] = []
     on: list[float] = []
+    paired: list[float] = []
     publishes = 0
-    for _ in range(rounds):
-        off += timed_block(torch, step, seconds)
-        agent = probe.start(config)
-        assert agent is not None, "the probe did not start"
-        on += timed_block(torch, step, seconds)
-        publishes += agent.publishes
-        probe.stop()
+    for r in range(rounds):
+        means = {}
+        for probe_on in ((False, True) if r % 2 == 0 else (True, False)):
+            agent = probe.start(config) if probe_on and config is not None else None
+            if probe_on and config is not None:
+                assert agent is not None, "the probe did not start"
+            block = timed_block(torch, step, seconds)
+            if agent is not None:
+                publishes += agent.publishes
+                probe.stop()
+            (on if probe_on else off).extend(block)
+            means[probe_on] = statistics.fmean(block)
+        paired.append(100 * (means[True] - means[False]) / means[False])
     m_off, m_on = statistics.median(off), statistics.median(on)
     mean_off, mean_on = statistics.fmean(off), statistics.fmean(on)
     return {
-        "interval_seconds": config.interval_seconds,
+        "interval_seconds": config.interval_seconds if config else None,
         "steps_off": len(off), "steps_on": len(on), "publishes": publishes,
         "step_ms_median_off": m_off * 1e3, "step_ms_median_on": m_on * 1e3,
         "step_ms_mean_off": mean_off * 1e3, "step_ms_mean_on": mean_on * 1e3,
-        "overhead_pct_median": 100 * (m_on - m_off) / m_off,
         "overhead_pct_mean": 100 * (mean_on - mean_off) / mean_off,
+        "overhead_pct_paired_median": statistics.median(paired),
+        "overhead_pct_paired": [round(x, 2) for x in paired],
     }
 
 
@@ -147,12 +158,18 @@ def main() -> None:
             step = make(torch)
             timed_block(torch, step, 2.0)  # warm up: kernels, allocator pool
             res[name] = {
+                "noise_floor": compare(torch, step, None, args.seconds, args.rounds),
                 "default": compare(torch, step, ProbeConfig(dir=tmp), args.seconds, args.rounds),
                 "aggressive": compare(torch, step, ProbeConfig(
                     dir=tmp, interval_seconds=0.1, max_overhead_ratio=1.0),
                     args.seconds, args.rounds),
                 **publish_cost(torch, tmp),
             }
+            # What the probe's own work costs the host: its publishes' wall time over the run.
+            d = res[name]["default"]
+            run_s = d["steps_on"] * d["step_ms_mean_on"] / 1e3
+            res[name]["default"]["publish_duty_pct"] = (
+                100 * d["publishes"] * res[name]["publish_wall_us_median"] / 1e6 / run_s)
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:

@@ -20,6 +20,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child that imports gpuwatch from this checkout."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -100,10 +106,8 @@ class Daemon(Proc):
             cfg.write_text(config_toml)
             argv += ["--config", str(cfg)]
         argv += list(args)
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         # State (audit log, snapshots) stays in the test's directory.
-        full_env = {**os.environ, "PYTHONPATH": path,
-                    "STATE_DIRECTORY": str(workdir / f"state-{self.port}"), **(env or {})}
+        full_env = child_env(STATE_DIRECTORY=str(workdir / f"state-{self.port}"), **(env or {}))
         super().__init__(argv, workdir, f"gpuwatch-{self.port}", env=full_env)
         if wait_ready:
             self.wait_ready()

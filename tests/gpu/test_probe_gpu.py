@@ -27,7 +27,7 @@ from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.fragmentation import FragmentationAnalyzer, locate
 from gpuwatch.sources.probes import read_probes
-from tests.helpers import REPO, wait_until
+from tests.helpers import child_env, wait_until
 
 pytestmark = pytest.mark.gpu
 
@@ -86,9 +86,9 @@ def _torch_cuda() -> bool:
 class TorchHost:
     def __init__(self, tmp_path):
         self.probe_dir = tmp_path / "probe"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "GPUWATCH_PROBE_DIR": str(self.probe_dir),
+        env = child_env(**{"GPUWATCH_PROBE_DIR": str(self.probe_dir),
                "GPUWATCH_PROBE_INTERVAL_SECONDS": "0.2",
-               "GPUWATCH_PROBE_REQUEST_POLL_SECONDS": "0.05"}
+               "GPUWATCH_PROBE_REQUEST_POLL_SECONDS": "0.05"})
         self.proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
         self.lines: queue.Queue = queue.Queue()

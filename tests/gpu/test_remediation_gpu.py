@@ -7,7 +7,6 @@ real NVML backend (so the pid and its create time are what the daemon would see)
 from __future__ import annotations
 
 import asyncio
-import os
 import pickle
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from gpuwatch.remediation.config import (
     WebhookConfig,
 )
 from gpuwatch.remediation.remediator import Remediator
-from tests.helpers import REPO
+from tests.helpers import child_env
 
 pytestmark = pytest.mark.gpu
 
@@ -63,9 +62,9 @@ def torch_child(tmp_path):
     if not _torch_cuda():
         pytest.skip("torch with CUDA is not installed here")
     probe_dir = tmp_path / "probe"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GPUWATCH_PROBE_DIR": str(probe_dir),
+    env = child_env(**{"GPUWATCH_PROBE_DIR": str(probe_dir),
            "GPUWATCH_PROBE_INTERVAL_SECONDS": "0.5",
-           "GPUWATCH_PROBE_REQUEST_POLL_SECONDS": "0.05"}
+           "GPUWATCH_PROBE_REQUEST_POLL_SECONDS": "0.05"})
     proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
                             env=env)
     try:
