@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from gpuwatch.probe.config import ProbeConfig
+from gpuwatch.probe_channel.config import ProbeConfig
 
 
 def _torch():
@@ -88,7 +88,7 @@ def timed_block(torch, step, seconds: float) -> list[float]:
 def compare(torch, step, config: ProbeConfig | None, seconds: float, rounds: int) -> dict:
     """Blocks with the probe off and on, in ABBA order (drift in clocks or thermals then
     favours neither). config None: off against off, the noise floor of the method."""
-    import gpuwatch.probe as probe
+    import gpuwatch.probe_agent as probe  # not gpuwatch.probe: that would start one now
 
     off: list[float] = []
     on: list[float] = []
@@ -121,7 +121,7 @@ def compare(torch, step, config: ProbeConfig | None, seconds: float, rounds: int
 
 
 def publish_cost(torch, directory: str, n: int = 200) -> dict:
-    from gpuwatch.probe.agent import Agent
+    from gpuwatch.probe_agent.agent import Agent
 
     agent = Agent(ProbeConfig(dir=directory))
     cpu, wall = [], []

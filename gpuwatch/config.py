@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import msgspec
 
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
-from gpuwatch.probe.config import ProbeConfig
+from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
 from gpuwatch.signals.config import SignalsConfig
 

@@ -29,7 +29,7 @@ from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
-from gpuwatch.probe.config import resolve_dir
+from gpuwatch.probe_channel.config import resolve_dir
 from gpuwatch.recording import Recorder
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.sources.base import BackendUnavailable, GpuBackend

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import gpuwatch.probe.protocol as protocol
-from gpuwatch.probe.config import ProbeConfig
-from gpuwatch.probe.requests import ProbeUnavailableError, send_request, wait_result
+import gpuwatch.probe_channel.protocol as protocol
+from gpuwatch.probe_channel.config import ProbeConfig
+from gpuwatch.probe_channel.requests import ProbeUnavailableError, send_request, wait_result
 from gpuwatch.sources.probes import prepare_probe_dir, read_probes
 from tests.helpers import REPO, wait_until
 
@@ -182,13 +182,13 @@ if os.environ.get("FAKE_CUDA_INIT", "1") == "1":
     torch.cuda.init()
 if os.environ.get("RUN_AS_UID"):
     # everything the probe needs is imported before we lose access to the interpreter's home
-    import gpuwatch.probe.agent, gpuwatch.probe.config, pickle  # noqa: E401
+    import gpuwatch.probe_agent.agent, gpuwatch.probe_channel.config, pickle  # noqa: E401
+    import gpuwatch.probe_agent as probe
     os.setgid(int(os.environ["RUN_AS_UID"]))
     os.setuid(int(os.environ["RUN_AS_UID"]))
-import gpuwatch.probe as probe
-
-if os.environ.get("RUN_AS_UID"):
-    probe.start()  # the package was imported (for its modules) before: start it now
+    probe.start()  # as that user
+else:
+    import gpuwatch.probe as probe
 MIB = 1024 * 1024
 held = []
 
@@ -528,40 +528,44 @@ def test_root_daemon_and_a_probe_of_another_user(tmp_path, site):
 
 # -- when the probe starts -----------------------------------------------------------------
 
-def test_import_starts_it_and_module_imports_do_not(site, tmp_path):
+def test_import_starts_it(site, tmp_path):
     probe_dir = tmp_path / "probe"
     check = "import gpuwatch.probe as p; print(p.current() is not None)"
     assert run_python(site, check, probe_dir) == "True"
     assert run_python(site, "import torch; " + check, probe_dir) == "True"
+    assert run_python(site, "from gpuwatch.probe import current; print(current() is not None)",
+                      probe_dir) == "True"
     assert run_python(site, check, probe_dir, GPUWATCH_PROBE_ENABLED="0") == "False"
-    for module in ("config", "requests", "protocol", "vllm_plugin", "agent"):
-        code = f"import gpuwatch.probe.{module}; " + check
-        assert run_python(site, code, probe_dir) == "False", module
-    # gpuwatch's own modules that need the package do not start it either
-    code = "from gpuwatch.sources.probes import read_probes; " + check
-    assert run_python(site, code, probe_dir) == "False"
     # a program without torch: the probe waits, writing nothing
     fresh = tmp_path / "fresh"
     code = f"import time, os; {check}; time.sleep(0.5); print(os.path.exists({str(fresh)!r}))"
     assert run_python(site, code, fresh).split() == ["True", "False"]
 
 
-def test_vllm_plugin_starts_it_only_when_opted_in(site, tmp_path):
-    code = ("import torch, importlib; "
-            "register = importlib.import_module('gpuwatch.probe.vllm_plugin').register; "
-            "register(); register(); import gpuwatch.probe as p; print(p.current() is not None)")
-    assert run_python(site, code, tmp_path / "probe") == "False"
-    assert run_python(site, code, tmp_path / "probe", GPUWATCH_PROBE_ENABLED="1") == "True"
-
-
-def test_daemon_side_imports_neither_torch_nor_a_probe(site, tmp_path):
-    code = ("import sys, threading, gpuwatch.config, gpuwatch.sources.probes, "
-            "gpuwatch.probe.requests, gpuwatch.signals.pipeline, "
-            "gpuwatch.exporter.families.allocator; import gpuwatch.probe as p; "
-            "print('torch' in sys.modules, p.current() is not None, "
-            "any(t.name == 'gpuwatch-probe' for t in threading.enumerate()))")
+def test_importing_anything_else_starts_nothing(site, tmp_path):
+    # Even opted in and with torch importable: only `import gpuwatch.probe` or start() runs one.
+    modules = ["gpuwatch.probe_channel", "gpuwatch.probe_channel.config",
+               "gpuwatch.probe_channel.protocol", "gpuwatch.probe_channel.requests",
+               "gpuwatch.probe_agent", "gpuwatch.probe_agent.agent",
+               "gpuwatch.probe_agent.stats", "gpuwatch.probe_agent.actions",
+               "gpuwatch.vllm_plugin", "gpuwatch.config", "gpuwatch.sources.probes",
+               "gpuwatch.signals.pipeline", "gpuwatch.exporter.families.allocator",
+               "gpuwatch.remediation.hooks.probe_channel", "gpuwatch.daemon", "gpuwatch.cli"]
+    code = (f"import sys, threading; import {', '.join(modules)}; "
+            "import gpuwatch.probe_agent as a; "
+            "print('torch' in sys.modules, 'gpuwatch.probe' in sys.modules, "
+            "a.current() is not None, threading.active_count())")
     assert run_python(site, code, tmp_path / "probe",
-                      GPUWATCH_PROBE_ENABLED="1") == "False False False"
+                      GPUWATCH_PROBE_ENABLED="1") == "False False False 1"
+    assert not (tmp_path / "probe").exists()
+
+
+def test_vllm_plugin_starts_it_only_when_opted_in(site, tmp_path):
+    code = ("import torch, gpuwatch.vllm_plugin as plugin, gpuwatch.probe_agent as a; "
+            "plugin.register(); plugin.register(); print(a.current() is not None)")
+    assert run_python(site, code, tmp_path / "probe") == "False"
+    assert run_python(site, code, tmp_path / "probe", GPUWATCH_PROBE_ENABLED="0") == "False"
+    assert run_python(site, code, tmp_path / "probe", GPUWATCH_PROBE_ENABLED="1") == "True"
 
 
 def test_a_forked_child_gets_its_own_probe(site, tmp_path):
@@ -583,7 +587,7 @@ print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), p.current() is parent)
 # -- cost ----------------------------------------------------------------------------------
 
 def test_a_costly_publish_stretches_the_interval(tmp_path, monkeypatch):
-    from gpuwatch.probe.agent import Agent
+    from gpuwatch.probe_agent.agent import Agent
 
     agent = Agent(ProbeConfig(dir=str(tmp_path / "probe"), interval_seconds=0.1,
                               max_overhead_ratio=0.01))

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from gpuwatch.probe.config import ProbeConfig, from_environ, resolve_dir
+from gpuwatch.probe_channel.config import ProbeConfig, from_environ, resolve_dir
 from gpuwatch.sources.probes import read_probes
 
 ROOT = os.geteuid() == 0

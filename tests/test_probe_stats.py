@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpuwatch.probe.stats import AllocatorReader, summarize_segments
+from gpuwatch.probe_agent.stats import AllocatorReader, summarize_segments
 
 MIB = 1024 * 1024
 

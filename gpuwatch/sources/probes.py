@@ -14,7 +14,7 @@ import re
 import msgspec
 import psutil
 
-import gpuwatch.probe.protocol as protocol
+import gpuwatch.probe_channel.protocol as protocol
 from gpuwatch.model import ProbeSample
 
 _STATS_RE = re.compile(r"(\d+)\.json")

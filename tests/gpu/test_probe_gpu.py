@@ -22,7 +22,7 @@ import time
 import pytest
 
 from gpuwatch.model import Tick
-from gpuwatch.probe.requests import send_request, wait_result
+from gpuwatch.probe_channel.requests import send_request, wait_result
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.fragmentation import FragmentationAnalyzer, locate

@@ -1,4 +1,4 @@
-"""Requests to the in-process probe (gpuwatch.probe.requests), as one awaitable call."""
+"""Requests to the in-process probe (gpuwatch.probe_channel.requests), as one awaitable call."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ async def request(probe_dir: str, pid: int, action: str, params: dict[str, Any] 
                   timeout: float) -> dict[str, Any]:
     """Send one request and wait for its result; HookFailed when it cannot be had."""
     try:
-        from gpuwatch.probe.requests import send_request, wait_result
+        from gpuwatch.probe_channel.requests import send_request, wait_result
     except ImportError as exc:
         raise HookFailed(f"probe request channel unavailable ({exc})") from None
     if not probe_dir:

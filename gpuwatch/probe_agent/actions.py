@@ -12,8 +12,8 @@ import pickle
 import time
 from typing import Any
 
-from gpuwatch.probe import protocol
-from gpuwatch.probe.stats import AllocatorReader
+from gpuwatch.probe_agent.stats import AllocatorReader
+from gpuwatch.probe_channel import protocol
 
 log = logging.getLogger(__name__)
 

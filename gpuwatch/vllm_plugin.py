@@ -13,8 +13,8 @@ import os
 
 def register() -> None:
     try:
-        from gpuwatch.probe import ENABLE_VAR, start
-        from gpuwatch.probe.config import is_true
+        from gpuwatch.probe_agent import ENABLE_VAR, start
+        from gpuwatch.probe_channel.config import is_true
 
         if is_true(os.environ.get(ENABLE_VAR, "")):
             start()

@@ -26,9 +26,10 @@ from typing import Any
 
 import msgspec
 
-from gpuwatch.probe import actions, protocol
-from gpuwatch.probe.config import ProbeConfig, resolve_dir
-from gpuwatch.probe.stats import AllocatorReader
+from gpuwatch.probe_agent import actions
+from gpuwatch.probe_agent.stats import AllocatorReader
+from gpuwatch.probe_channel import protocol
+from gpuwatch.probe_channel.config import ProbeConfig, resolve_dir
 
 log = logging.getLogger("gpuwatch.probe")
 

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import psutil
 
-from gpuwatch.probe import protocol
+from gpuwatch.probe_channel import protocol
 
 _encoder = msgspec.json.Encoder()
 
