@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
-from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
@@ -15,6 +13,7 @@ from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
 from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
 from gpuwatch.signals.config import SignalsConfig
+from gpuwatch.tomlfile import explain, read_toml
 
 DEFAULT_PORT = 19400
 ENV_PREFIX = "GPUWATCH_"
@@ -78,28 +77,12 @@ def parse_listen(value: str) -> tuple[str, int]:
     return (m["v6"] or m["host"] or ""), int(m["port"])
 
 
-def _path(loc: str) -> str:
-    """msgspec's '$.nvml.fast' -> 'nvml.fast'; '$.engines[0].url' -> 'engines[0].url'."""
-    return loc.removeprefix("$").lstrip(".")
-
-
 def _convert(raw: dict[str, Any], source: str) -> Config:
     try:
         return msgspec.convert(raw, Config, strict=False)
     except msgspec.ValidationError as exc:
-        msg = str(exc)
-        m = re.match(r"(?s)(.*) - at `(.+)`$", msg)
-        if m:
-            reason, loc = m.group(1), _path(m.group(2))
-            unknown = re.match(r"Object contains unknown field `(.+)`", reason)
-            if unknown:
-                key = f"{loc}.{unknown.group(1)}" if loc else unknown.group(1)
-                raise ConfigError(f"{source}: {key}: unknown key") from None
-            raise ConfigError(f"{source}: {loc}: {reason}") from None
-        unknown = re.match(r"Object contains unknown field `(.+)`", msg)
-        if unknown:
-            raise ConfigError(f"{source}: {unknown.group(1)}: unknown key") from None
-        raise ConfigError(f"{source}: {msg}") from None
+        key, reason = explain(exc)
+        raise ConfigError(f"{source}: {key + ': ' if key else ''}{reason}") from None
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
@@ -168,14 +151,7 @@ def load(
         path = environ[ENV_PREFIX + "CONFIG"]
     if path:
         source = str(path)
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: file not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-        except OSError as exc:
-            raise ConfigError(f"{path}: {exc.strerror}") from None
+        raw = read_toml(path, ConfigError)
         _convert(raw, source)  # report file errors against the file
     env = _env_to_dict(environ)
     if env:

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from gpuwatch.thresholds.schema import ActionSpec, RowSpec, TableSpec
+from gpuwatch.tomlfile import explain, read_toml
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -309,24 +310,14 @@ def _convert(raw: dict[str, Any], where: str) -> TableSpec:
     try:
         return msgspec.convert(raw, TableSpec)
     except msgspec.ValidationError as exc:
-        msg = str(exc)
-        m = re.match(r"(?s)(.*) - at `\$(.*)`$", msg)
-        reason, loc = (m.group(1), m.group(2).lstrip(".")) if m else (msg, "")
+        key, reason = explain(exc)
         # rows[3] -> rows[id=...]: the merged index means nothing to the file's author
-        rm = re.match(r"rows\[(\d+)\](.*)", loc)
+        rm = re.match(r"rows\[(\d+)\](.*)", key)
         rows = raw.get("rows", [])
         if rm and int(rm.group(1)) < len(rows) and isinstance(rows[int(rm.group(1))], dict):
             rid = rows[int(rm.group(1))].get("id", rm.group(1))
-            loc = f"rows[id={rid}]{rm.group(2)}"
-        unknown = re.match(r"Object contains unknown field `(.+)`", reason)
-        if unknown:
-            key = f"{loc}.{unknown.group(1)}" if loc else unknown.group(1)
-            raise ThresholdsError(f"{where}: {key}: unknown key") from None
-        missing = re.match(r"Object missing required field `(.+)`", reason)
-        if missing:
-            key = f"{loc}.{missing.group(1)}" if loc else missing.group(1)
-            raise ThresholdsError(f"{where}: {key}: required key missing") from None
-        raise ThresholdsError(f"{where}: {loc + ': ' if loc else ''}{reason}") from None
+            key = f"rows[id={rid}]{rm.group(2)}"
+        raise ThresholdsError(f"{where}: {key + ': ' if key else ''}{reason}") from None
 
 
 def _compile_patterns(spec: TableSpec, where: str) -> None:
@@ -358,14 +349,7 @@ def load_table(path: str | Path | None = None) -> ThresholdTable:
     if not path:
         return load_builtin()
     where = str(path)
-    try:
-        raw = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ThresholdsError(f"{where}: file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ThresholdsError(f"{where}: invalid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ThresholdsError(f"{where}: {exc}") from None
+    raw = read_toml(path, ThresholdsError)
     version, base = raw.get("version"), raw.get("extends")
     if not isinstance(version, str) or not version.strip():
         raise ThresholdsError(f"{where}: version: an override names its own version")
