@@ -94,7 +94,9 @@ def _engines_from_flags(config_file: str | None, urls: tuple[str, ...]) -> list[
 @click.option("--thresholds", "thresholds_file", type=click.Path(exists=True, dir_okay=False),
               help="A threshold table override file.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
-def replay(recording, config_file, thresholds_file, as_json) -> None:
+@click.option("--no-actions", is_flag=True,
+              help="Signal events only, without the remediation policy's planned actions.")
+def replay(recording, config_file, thresholds_file, as_json, no_actions) -> None:
     """Run the analyzers and policy over a recording and print the events."""
     from gpuwatch.replay import replay_events
 
@@ -102,7 +104,8 @@ def replay(recording, config_file, thresholds_file, as_json) -> None:
     cfg = _load(config_file, overrides)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
-        replay_events(recording, cfg, as_json=as_json, out=sys.stdout)
+        replay_events(recording, cfg, as_json=as_json, out=sys.stdout,
+                      actions=not no_actions)
     except ValueError as exc:
         click.echo(f"gpuwatch: {exc}", err=True)
         sys.exit(2)

@@ -216,10 +216,13 @@ class Daemon:
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
         events = self._process(tick)
         if self.remediator is not None:
-            for action in await self.remediator.on_events(events, self.snapshot):
-                log.info("action %s", to_json(action))
-                self._log_event(action)
+            self._log_actions(await self.remediator.on_events(events, self.snapshot))
         return tick
+
+    def _log_actions(self, actions: list[ActionEvent]) -> None:
+        for action in actions:
+            log.info("action %s", to_json(action))
+            self._log_event(action)
 
     def _process(self, tick: Tick) -> list[Event]:
         if self._recorder is not None:
@@ -404,6 +407,7 @@ class Daemon:
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
             await runner.cleanup()
             await self.remediator.close()
+            self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()
             self.sampler.close()
         return 0

@@ -6,19 +6,30 @@ from typing import TextIO
 
 from gpuwatch.config import Config
 from gpuwatch.daemon import make_pipeline
-from gpuwatch.events import Event, to_json
+from gpuwatch.events import ActionEvent, Event, to_json
+from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.recording import read_recording
+from gpuwatch.remediation.policy import Policy, planned_actions
 
 
-def iter_events(path: str, cfg: Config):
-    """Every event the pipeline emits over the recording, in order."""
+def iter_events(path: str, cfg: Config, actions: bool = True):
+    """Every event the pipeline emits over the recording, in order, each followed by the
+    actions the remediation policy would start for it (as dry-run action events: guardrails
+    and identity checks depend on the live host)."""
     _, ticks = read_recording(path)
     pipeline = make_pipeline(cfg)
+    policy = Policy(cfg.remediation, pipeline.table) if actions else None
     for tick in ticks:
-        yield from pipeline.update(tick)
+        events = pipeline.update(tick)
+        yield from events
+        if policy is not None and events:
+            snap = Snapshot(tick=tick, derived=pipeline.derived)
+            yield from planned_actions(policy, events, snap)
 
 
-def _human(ev: Event) -> str:
+def _human(ev: Event | ActionEvent) -> str:
+    if isinstance(ev, ActionEvent):
+        return f"{ev.t:.3f} {'action':8} {ev.result:8} {ev.action:18} {ev.target}"
     where = " ".join(
         f"{k}={v}" for k, v in (("gpu", ev.gpu_uuid), ("pid", ev.pid), ("engine", ev.engine))
         if v is not None
@@ -28,9 +39,10 @@ def _human(ev: Event) -> str:
     return f"{ev.t:.3f} {ev.state:8} {ev.severity:8} {ev.signal:18} {where}{value}{limit}"
 
 
-def replay_events(path: str, cfg: Config, *, as_json: bool, out: TextIO) -> int:
+def replay_events(path: str, cfg: Config, *, as_json: bool, out: TextIO,
+                  actions: bool = True) -> int:
     n = 0
-    for ev in iter_events(path, cfg):
+    for ev in iter_events(path, cfg, actions):
         out.write((to_json(ev) if as_json else _human(ev)) + "\n")
         n += 1
     return n
