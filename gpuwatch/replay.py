@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TextIO
 
 from gpuwatch.config import Config
-from gpuwatch.daemon import make_pipeline
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.recording import read_recording
 from gpuwatch.remediation.policy import Policy, planned_actions
+from gpuwatch.signals.pipeline import Pipeline
 
 
 def iter_events(path: str, cfg: Config, actions: bool = True):
@@ -17,7 +17,7 @@ def iter_events(path: str, cfg: Config, actions: bool = True):
     actions the remediation policy would start for it (as dry-run action events: guardrails
     and identity checks depend on the live host)."""
     _, ticks = read_recording(path)
-    pipeline = make_pipeline(cfg)
+    pipeline = Pipeline.from_config(cfg)
     policy = Policy(cfg.remediation, pipeline.table) if actions else None
     for tick in ticks:
         events = pipeline.update(tick)

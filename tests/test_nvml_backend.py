@@ -167,7 +167,7 @@ def test_slow_tier_units(two_gpus):
 
 def test_sampler_backs_off_and_recovers(monkeypatch):
     """A missing driver gives nvml down with the reason; the sampler retries with backoff."""
-    from gpuwatch.daemon import GpuSampler
+    from gpuwatch.sources.sampler import GpuSampler
 
     fake = FakeNvml([FakeGpu(0)], init_error=err(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
     fake.install(monkeypatch)

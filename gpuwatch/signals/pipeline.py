@@ -22,13 +22,12 @@ class Analyzer(Protocol):
 
 def build_analyzers(config, table) -> list[Analyzer]:
     """Every analyzer, in the order they run (later ones may read what earlier ones set)."""
-    analyzers: list[Analyzer] = []
-    # (analyzers are appended here by the subsystems that provide them)
-    analyzers.append(EngineAnalyzer(config))  # first: later analyzers read derived.engines
-    # memory (zone, leak, time to OOM) reads the engines' planned pools: after the engines
-    analyzers.append(MemoryAnalyzer(config, table))
-    analyzers.append(FragmentationAnalyzer.from_config(config, table))  # probes (spec §4)
-    return analyzers
+    return [
+        EngineAnalyzer(config),  # first: later analyzers read derived.engines
+        # memory (zone, leak, time to OOM) reads the engines' planned pools
+        MemoryAnalyzer(config, table),
+        FragmentationAnalyzer.from_config(config, table),  # probes (spec §4)
+    ]
 
 
 class Pipeline:
@@ -39,6 +38,14 @@ class Pipeline:
         self.conditions = Conditions()
         self.analyzers = build_analyzers(config, table)
         self.errors = 0
+
+    @classmethod
+    def from_config(cls, config) -> Pipeline:
+        """With the threshold table the configuration names (the shipped one by default);
+        raises ThresholdsError for a bad override file."""
+        from gpuwatch.thresholds import load_table
+
+        return cls(config, load_table(config.thresholds.file or None))
 
     def update(self, tick: Tick) -> list[Event]:
         self._prune(tick)

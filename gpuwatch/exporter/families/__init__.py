@@ -12,7 +12,6 @@ MODULES = (
     "gpuwatch.exporter.families.self_metrics",
     "gpuwatch.exporter.families.gpu",
     "gpuwatch.exporter.families.process",
-    # subsystems add their family modules below
     "gpuwatch.exporter.families.engines",
     "gpuwatch.exporter.families.memory_signals",
     "gpuwatch.exporter.families.remediation",
