@@ -8,14 +8,13 @@ Prometheus-like load: /metrics is scraped every few seconds while the daemon run
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
-import sys
 import tempfile
 import time
 
 import psutil
 
+from benchmarks.report import emit
 from tests.helpers import Daemon, http_get
 
 
@@ -46,8 +45,7 @@ def main() -> None:
         "rss_mb_max": max(s[1] for s in samples) / 1e6,
         "rss_mb_by_minute": {str(int(t // 60)): round(r / 1e6, 1) for t, r in samples},
     }
-    json.dump(res, sys.stdout, indent=2)
-    print()
+    emit(res)
 
 
 if __name__ == "__main__":

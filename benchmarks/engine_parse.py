@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -22,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.report import emit
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "engines"
 VLLM = (FIXTURES / "vllm-0.33.0-statlogger.prom").read_text()
@@ -185,10 +186,7 @@ def main() -> None:
         "16_endpoints": endpoints_cost(args.seconds, ""),
         "16_endpoints_2_slow": endpoints_cost(args.seconds, "3,11"),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

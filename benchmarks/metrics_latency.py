@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import platform
 import random
 import statistics
-import sys
 import time
 
+from benchmarks.report import emit
 from tests.helpers import Daemon
 
 
@@ -80,8 +79,7 @@ def main() -> None:
         "scrape_body_bytes": len(body),
         **render_cost(200),
     }
-    json.dump(res, sys.stdout, indent=2)
-    print()
+    emit(res)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import platform
 import statistics
 import time
 
 import pynvml
 
+from benchmarks.report import emit
 from gpuwatch.sources.nvml import NvmlBackend
 
 
@@ -77,11 +77,7 @@ def main() -> None:
     }
     res["ratio_median"] = res["tick_per_gpu_us_median"] / res["raw_per_gpu_us_median"]
     backend.close()
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit(res, args.json)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,13 @@ summary + atomic write) with the workload's allocator state.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
 import tempfile
 import time
 
+from benchmarks.report import emit
 from gpuwatch.probe_channel.config import ProbeConfig
 
 
@@ -170,11 +170,7 @@ def main() -> None:
             run_s = d["steps_on"] * d["step_ms_mean_on"] / 1e3
             res[name]["default"]["publish_duty_pct"] = (
                 100 * d["publishes"] * res[name]["publish_wall_us_median"] / 1e6 / run_s)
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit(res, args.json)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -22,6 +21,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from benchmarks.report import emit
 from gpuwatch.events import Event
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import Tick
@@ -143,8 +143,4 @@ if __name__ == "__main__":
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
     result = asyncio.run(main(args))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.json)

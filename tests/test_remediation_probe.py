@@ -4,7 +4,6 @@ allocator API the probe uses; tests/gpu/test_remediation_gpu.py does the same on
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pickle
 import stat
@@ -15,19 +14,10 @@ import time
 import psutil
 import pytest
 
-from gpuwatch.events import Event
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import GpuSample, ProbeSample, ProcessSample, Tick
-from gpuwatch.remediation.config import (
-    AuditConfig,
-    EscalationRule,
-    FlushConfig,
-    RemediationConfig,
-    SnapshotConfig,
-    WebhookConfig,
-)
-from gpuwatch.remediation.remediator import Remediator
 from tests.helpers import REPO
+from tests.remediation_helpers import run_probe_actions
 
 MIB = 1024**2
 UUID = "GPU-probe-test"
@@ -105,27 +95,9 @@ def _snap(pid, ct):
 
 
 def _run(tmp_path, probe_dir, snap, actions, history=False):
-    config = RemediationConfig(
-        cooldown_seconds=0, flush=FlushConfig(enabled=True, probe_timeout_seconds=10),
-        snapshot=SnapshotConfig(dir=str(tmp_path / "snaps"), history=history,
-                                probe_timeout_seconds=10),
-        audit=AuditConfig(path=str(tmp_path / "audit.jsonl")),
-        escalation=[EscalationRule(signal="memory_leak", actions=actions,
-                                   escalate_after_seconds=0)],
-    )
     pid = snap.tick.gpus[0].processes[0].pid
-    event = Event(t=1.0, signal="memory_leak", state="firing", severity="critical",
-                  gpu_uuid=UUID, pid=pid)
-
-    async def go():
-        rem = Remediator(config, WebhookConfig(), probe_dir=probe_dir)
-        out = await rem.on_events([event], snap)
-        assert await rem.wait_idle(30)
-        await asyncio.sleep(0)
-        out += rem.take_done()
-        await rem.close()
-        return out
-    return asyncio.run(go())
+    return run_probe_actions(tmp_path, probe_dir, snap, UUID, pid, actions, timeout=30,
+                             history=history)
 
 
 def test_probe_snapshot_and_flush_in_a_real_process(tmp_path, probed):

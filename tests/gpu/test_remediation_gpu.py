@@ -6,7 +6,6 @@ real NVML backend (so the pid and its create time are what the daemon would see)
 
 from __future__ import annotations
 
-import asyncio
 import pickle
 import subprocess
 import sys
@@ -14,19 +13,10 @@ import time
 
 import pytest
 
-from gpuwatch.events import Event
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import ProbeSample, Tick
-from gpuwatch.remediation.config import (
-    AuditConfig,
-    EscalationRule,
-    FlushConfig,
-    RemediationConfig,
-    SnapshotConfig,
-    WebhookConfig,
-)
-from gpuwatch.remediation.remediator import Remediator
 from tests.helpers import child_env
+from tests.remediation_helpers import run_probe_actions
 
 pytestmark = pytest.mark.gpu
 
@@ -91,28 +81,6 @@ def _tick(backend, pid):
     pytest.fail(f"pid {pid} never appeared in NVML's process list (PID namespace?)")
 
 
-def _act(tmp_path, probe_dir, tick, uuid, pid, actions):
-    config = RemediationConfig(
-        cooldown_seconds=0, flush=FlushConfig(enabled=True, probe_timeout_seconds=30),
-        snapshot=SnapshotConfig(dir=str(tmp_path / "snaps"), probe_timeout_seconds=60),
-        audit=AuditConfig(path=str(tmp_path / "audit.jsonl")),
-        escalation=[EscalationRule(signal="memory_leak", actions=actions,
-                                   escalate_after_seconds=0)],
-    )
-    event = Event(t=tick.t, signal="memory_leak", state="firing", severity="critical",
-                  gpu_uuid=uuid, pid=pid)
-
-    async def go():
-        rem = Remediator(config, WebhookConfig(), probe_dir=probe_dir)
-        out = await rem.on_events([event], Snapshot(tick=tick))
-        assert await rem.wait_idle(120)
-        await asyncio.sleep(0)
-        out += rem.take_done()
-        await rem.close()
-        return out
-    return asyncio.run(go())
-
-
 def test_snapshot_then_empty_cache_through_the_probe(tmp_path, torch_child):
     from gpuwatch.sources.nvml import NvmlBackend
 
@@ -122,7 +90,8 @@ def test_snapshot_then_empty_cache_through_the_probe(tmp_path, torch_child):
     try:
         tick, gpu, proc = _tick(backend, pid)
         used_before = proc.used_memory_bytes
-        out = _act(tmp_path, probe_dir, tick, gpu.uuid, pid, ["snapshot", "flush"])
+        out = run_probe_actions(tmp_path, probe_dir, Snapshot(tick=tick), gpu.uuid, pid,
+                                ["snapshot", "flush"], timeout=120)
         assert [(a.action, a.result) for a in out] == [("snapshot", "ok"), ("flush", "ok")], out
         snap, flush = out[0].detail, out[1].detail
 
