@@ -55,6 +55,14 @@ def wait_until(fn, timeout: float, interval: float = 0.25, what: str = "conditio
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
+def eventually(fn, timeout: float = 5.0, interval: float = 0.02) -> bool:
+    """fn() becomes true within timeout (no exception when it does not: assert on it)."""
+    deadline = time.monotonic() + timeout
+    while not fn() and time.monotonic() < deadline:
+        time.sleep(interval)
+    return bool(fn())
+
+
 def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:

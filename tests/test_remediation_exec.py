@@ -4,6 +4,7 @@ secrets passed on, killed (with its whole process group) at its timeout."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from gpuwatch.remediation.hooks import HookFailed
 from gpuwatch.remediation.hooks import exec as exec_hook
+from tests.helpers import eventually
 
 PAYLOAD = {"signal": "memory_leak", "severity": "critical", "pid": 4242,
            "gpu_uuid": "GPU-abc", "value": 52428800.0, "event": {"nested": [1, 2]}}
@@ -79,10 +81,8 @@ def test_timeout_kills_the_process_group(tmp_path):
             return True
 
     for pid in map(int, pids.read_text().split()):
-        deadline = time.monotonic() + 5  # a killed process takes a moment to be gone
-        while not gone(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert gone(pid), f"pid {pid} survived the timeout"
+        # a killed process takes a moment to be gone
+        assert eventually(functools.partial(gone, pid)), f"pid {pid} survived the timeout"
 
 
 def test_a_hook_that_ignores_stdin_still_works(tmp_path):

@@ -38,6 +38,7 @@ from gpuwatch.remediation.hooks import probe_channel
 from gpuwatch.remediation.remediator import Remediator
 from gpuwatch.signals.derived import Derived, ProcessSignals
 from gpuwatch.thresholds.table import load_table
+from tests.helpers import eventually
 
 MIB, GIB = 1024**2, 1024**3
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
@@ -392,9 +393,7 @@ def test_policy_signals_a_real_allowed_process_and_refuses_a_reused_pid(tmp_path
         assert results(bad) == [("signal", "refused")] and "pid reused" in bad[0].reason
         assert not before
         assert results(good) == [("signal", "ok")]
-        deadline = time.monotonic() + 5
-        while not got.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert eventually(got.exists)  # the child writes what it received
         assert got.read_text() == "usr1"
     finally:
         child.kill()

@@ -8,7 +8,6 @@ import copy
 import json
 import subprocess
 import sys
-import time
 
 import aiohttp
 import psutil
@@ -28,6 +27,7 @@ from gpuwatch.remediation.config import (
     WebhookRoute,
 )
 from gpuwatch.remediation.remediator import Remediator
+from tests.helpers import eventually
 
 TOKEN = "correct-horse-battery-staple"
 UUID = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
@@ -268,9 +268,7 @@ def test_routes_map_alerts_to_hooks_and_signal_a_real_process(tmp_path):
         assert unrouted[1]["ignored"][0]["reason"] == "no route"
         assert routed[1]["actions"][0]["started"] == 2
         assert [(a.action, a.result) for a in done] == [("signal", "ok"), ("snapshot", "ok")]
-        deadline = time.monotonic() + 5
-        while not got.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert eventually(got.exists)  # the child writes what it received
         assert got.read_text() == "usr1"
     finally:
         child.kill()

@@ -115,6 +115,15 @@ def _rank_order(v: str) -> tuple[int, str]:
         return (1 << 30, v)
 
 
+def set_gauge(r: Reading, attr: str, signal: str, expo: Exposition, name: str,
+              **kw) -> None:
+    """r.<attr> from the gauge `name`, or why it is absent in r.missing[signal]."""
+    value, why = gauge(expo, [name], **kw)
+    setattr(r, attr, value)
+    if value is None:
+        r.missing[signal] = why or f"{name} {NOT_EXPOSED}"
+
+
 def gauge(
     expo: Exposition,
     names: Iterable[str],

@@ -25,12 +25,8 @@ GROUP: tuple[str, ...] = ()
 
 def normalize(expo: Exposition, text: str) -> c.Reading:
     r = c.Reading(kind="llamacpp", generation="llamacpp", ranks=1)
-    r.requests_running, why = c.gauge(expo, ["llamacpp:requests_processing"])
-    if r.requests_running is None:
-        r.missing[c.REQUESTS_RUNNING] = why or "llamacpp:requests_processing " + c.NOT_EXPOSED
-    r.requests_waiting, why = c.gauge(expo, ["llamacpp:requests_deferred"])
-    if r.requests_waiting is None:
-        r.missing[c.REQUESTS_WAITING] = why or "llamacpp:requests_deferred " + c.NOT_EXPOSED
+    c.set_gauge(r, "requests_running", c.REQUESTS_RUNNING, expo, "llamacpp:requests_processing")
+    c.set_gauge(r, "requests_waiting", c.REQUESTS_WAITING, expo, "llamacpp:requests_deferred")
     r.kv_cache_usage_ratio, why = c.gauge(
         expo, ["llamacpp:kv_cache_usage_ratio"], check=c.ratio_value, how="mean"
     )

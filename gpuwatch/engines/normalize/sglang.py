@@ -35,12 +35,10 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
     r.ranks = c.count_groups(expo, "sglang:num_running_reqs", GROUP)
     r.start_time = c.start_time(expo)
 
-    r.requests_running, why = c.gauge(expo, ["sglang:num_running_reqs"], rank_labels=RANKS)
-    if r.requests_running is None:
-        r.missing[c.REQUESTS_RUNNING] = why or "sglang:num_running_reqs " + c.NOT_EXPOSED
-    r.requests_waiting, why = c.gauge(expo, ["sglang:num_queue_reqs"], rank_labels=RANKS)
-    if r.requests_waiting is None:
-        r.missing[c.REQUESTS_WAITING] = why or "sglang:num_queue_reqs " + c.NOT_EXPOSED
+    c.set_gauge(r, "requests_running", c.REQUESTS_RUNNING, expo, "sglang:num_running_reqs",
+                rank_labels=RANKS)
+    c.set_gauge(r, "requests_waiting", c.REQUESTS_WAITING, expo, "sglang:num_queue_reqs",
+                rank_labels=RANKS)
     r.kv_cache_usage_ratio, why = c.gauge(
         expo, ["sglang:token_usage"], check=c.ratio_value, how="mean", rank_labels=RANKS
     )

@@ -23,12 +23,8 @@ GROUP: tuple[str, ...] = ()
 def normalize(expo: Exposition, text: str) -> c.Reading:
     r = c.Reading(kind="tgi", generation="tgi", ranks=1)
     r.start_time = c.start_time(expo)
-    r.requests_running, why = c.gauge(expo, ["tgi_batch_current_size"])
-    if r.requests_running is None:
-        r.missing[c.REQUESTS_RUNNING] = why or "tgi_batch_current_size " + c.NOT_EXPOSED
-    r.requests_waiting, why = c.gauge(expo, ["tgi_queue_size"])
-    if r.requests_waiting is None:
-        r.missing[c.REQUESTS_WAITING] = why or "tgi_queue_size " + c.NOT_EXPOSED
+    c.set_gauge(r, "requests_running", c.REQUESTS_RUNNING, expo, "tgi_batch_current_size")
+    c.set_gauge(r, "requests_waiting", c.REQUESTS_WAITING, expo, "tgi_queue_size")
     r.missing[c.KV_USAGE] = "TGI exposes no KV-cache usage metric"
     r.missing[c.PREFIX_CACHE] = "TGI exposes no prefix-cache counters"
     r.missing[c.KV_HIT_RATIO] = "TGI exposes no prefix-cache counters"

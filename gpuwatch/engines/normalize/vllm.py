@@ -57,12 +57,8 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
     r.ranks = c.count_groups(expo, "vllm:num_requests_running", GROUP)
     r.start_time = c.start_time(expo)
 
-    r.requests_running, why = c.gauge(expo, ["vllm:num_requests_running"])
-    if r.requests_running is None:
-        r.missing[c.REQUESTS_RUNNING] = why or "vllm:num_requests_running " + c.NOT_EXPOSED
-    r.requests_waiting, why = c.gauge(expo, ["vllm:num_requests_waiting"])
-    if r.requests_waiting is None:
-        r.missing[c.REQUESTS_WAITING] = why or "vllm:num_requests_waiting " + c.NOT_EXPOSED
+    c.set_gauge(r, "requests_running", c.REQUESTS_RUNNING, expo, "vllm:num_requests_running")
+    c.set_gauge(r, "requests_waiting", c.REQUESTS_WAITING, expo, "vllm:num_requests_waiting")
 
     r.kv_cache_usage_ratio, why = c.gauge(
         expo, ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
