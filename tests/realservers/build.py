@@ -87,7 +87,8 @@ def pytriton_python() -> Path:
 def _build_llama_server(where: Path) -> None:
     log = where / "build.log"
     _run([sys.executable, "-m", "pip", "download", "-q", "--no-cache-dir", "--no-deps",
-          "--no-binary", ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(where)], log)
+          "--no-binary", "llama-cpp-python", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+          "-d", str(where)], log)
     sdist = next(where.glob("llama_cpp_python-*.tar.gz"))
     prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
     src = where / "src"

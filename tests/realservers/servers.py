@@ -132,14 +132,15 @@ def _post(url: str, body: dict, timeout: float = 60.0) -> int:
 
 
 def completions(base: str, prompts: list[str], threads: int = 6, max_tokens: int = 32,
-                model: str = "tiny-llama") -> list[int]:
-    """One completion per prompt, `threads` at a time; bounded in count and wall time."""
+                model: str = "tiny-llama", stop: threading.Event | None = None) -> list[int]:
+    """One completion per prompt, `threads` at a time; bounded in count and wall time, and
+    cut short once `stop` is set."""
     assert base.startswith("http://127.0.0.1:"), "loopback only"
     deadline = time.monotonic() + MAX_SECONDS
     prompts = prompts[:MAX_REQUESTS]
 
     def one(p: str) -> int:
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (stop is not None and stop.is_set()):
             return 0
         return _post(base + "/v1/completions", {
             "model": model, "prompt": p, "max_tokens": max_tokens, "temperature": 0,
