@@ -294,11 +294,14 @@ def test_lost_gpu_and_vanished_pid_are_refused(tmp_path):
 def test_audit_failure_means_no_action(tmp_path):
     async def go():
         rem = make(tmp_path)
-
-        def broken(record):
+        # The "started" record cannot be had: as when the disk is full (the real full disk
+        # is in test_remediation_faults.py).
+        def broken(*args, **kwargs):
             raise OSError(28, "No space left on device")
-        rem._audit_write = broken
-        return await step(rem, [ev()], snap_of())
+        rem.ledger.started = broken
+        out = await step(rem, [ev()], snap_of())
+        await rem.close()
+        return out
     out = asyncio.run(go())
     assert results(out) == [("snapshot", "refused")]
     assert "audit log not writable" in out[0].reason

@@ -311,6 +311,7 @@ def test_reconfigure_takes_a_new_token_and_routes_and_keeps_memory(tmp_path):
             with pytest.raises(ValueError, match=r"remediation\.signal\.enabled"):
                 rem.reconfigure(rem.config, bad)
             still_old = await s.post(payload(alert(fingerprint="other")), token=TOKEN)
+            done = await s.settle()  # what started under the old settings ends under them
             new_cfg = RemediationConfig(
                 cooldown_seconds=0, dry_run=True,
                 snapshot=SnapshotConfig(dir=str(tmp_path / "snaps")),
@@ -319,13 +320,15 @@ def test_reconfigure_takes_a_new_token_and_routes_and_keeps_memory(tmp_path):
             old_token = await s.post(payload(alert(fingerprint="x")), token=TOKEN)
             repeat = await s.post(payload(alert()), token="new-token")
             fresh = await s.post(payload(alert(fingerprint="y")), token="new-token")
-            return first, still_old, old_token, repeat, fresh, await s.settle()
-    first, still_old, old_token, repeat, fresh, done = run(go())
+            after = await s.settle()
+            return first, still_old, old_token, repeat, fresh, done, after
+    first, still_old, old_token, repeat, fresh, done, after = run(go())
     assert first[0] == 200 and still_old[0] == 200
     assert old_token[0] == 401
     assert repeat[1]["ignored"][0]["reason"] == "duplicate"
     assert fresh[1]["actions"][0]["result"] == "dry_run"
     assert [(a.action, a.result) for a in done] == [("snapshot", "ok")]  # before the change
+    assert after == []
     records = list(read_records(tmp_path / "audit2.jsonl"))
     assert records[0]["note"] == "reconfigured"
     assert [r["result"] for r in records if "action" in r] == ["dry_run"]
