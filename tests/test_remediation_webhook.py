@@ -157,14 +157,29 @@ def test_oversized_bodies_are_413(tmp_path):
     (json.dumps({"version": "4", "alerts": "nope"}), 400, "invalid"),
     (json.dumps({**payload(alert()), "version": "3"}), 400, "version"),
     (json.dumps([1, 2, 3]), 400, "invalid"),
+    # 120k levels in a field nobody reads: msgspec raises RecursionError, not a DecodeError
+    ('{"version": "4", "commonLabels": ' + "[" * 120_000 + "]" * 120_000 + ', "alerts": []}',
+     400, "nested"),
+    (json.dumps(payload(alert(pid="\u00b2"))), 400, "ascii"),  # isdigit() but not int()
+    (json.dumps(payload(alert(pid="\u0661"))), 400, "ascii"),  # int() reads it as pid 1
+    (json.dumps(payload(alert(gpu="\u00b2", uuid=""))), 400, "ascii"),
+    (json.dumps(payload(alert(pid="-5"))), 400, "ascii"),
+    (json.dumps(payload({**alert(), "labels": {"alertname": "x", "pid": 4242}})), 400, "str"),
+    (json.dumps(payload({**alert(), "annotations": ["x"]})), 400, "object"),
+    (json.dumps(payload(*[alert()] * 2000)), 413, "larger"),
 ])
-def test_invalid_bodies_are_4xx(tmp_path, body, status, words):
+def test_invalid_bodies_are_4xx_and_audited(tmp_path, body, status, words):
     async def go():
-        async with Server(tmp_path, WebhookConfig(token=TOKEN), snap_with([(4242, 1.0)])) as s:
+        async with Server(tmp_path, WebhookConfig(token=TOKEN), snap_with([(1, 1.0)])) as s:
             res = await s.post(body, headers={"Content-Type": "application/json"})
             return res, await s.settle()
     (got, answer, _), done = run(go())
     assert got == status and words in answer["error"].lower() and done == []
+    [rejected] = [r for r in read_records(tmp_path / "audit.jsonl")
+                  if r.get("note") == "webhook_rejected"]
+    assert rejected["status"] == status and rejected["peer"] == "127.0.0.1"
+    assert words in rejected["reason"].lower()
+    assert not [r for r in read_records(tmp_path / "audit.jsonl") if "action" in r]
 
 
 def test_wrong_content_type_is_415(tmp_path):

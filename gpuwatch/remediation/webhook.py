@@ -8,6 +8,7 @@ port must not be able to crash a handler or go unrecorded.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -25,6 +26,7 @@ from gpuwatch.remediation.config import RemediationConfig, WebhookConfig, parse_
 log = logging.getLogger(__name__)
 
 DEDUP_MAX_ENTRIES = 10_000
+YIELD_EVERY = 25
 DEFAULT_ACTIONS = (("snapshot", ""),)
 # Only ASCII digits name a pid or a GPU index: str.isdigit() also accepts superscript two
 # (which int() refuses) and the Arabic-Indic digit one (which int() reads as 1).
@@ -126,7 +128,7 @@ class AlertmanagerWebhook:
         if self.remediator.snap is None or getattr(self.remediator.snap, "tick", None) is None:
             # Alertmanager retries on 5xx: the first sample is seconds away.
             return _error(503, "no sample yet", **{"Retry-After": "5"})
-        return web.json_response(self.process(payload))
+        return web.json_response(await self.process(payload))
 
     def _authorized(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")
@@ -146,12 +148,14 @@ class AlertmanagerWebhook:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def process(self, payload: Payload) -> dict[str, Any]:
+    async def process(self, payload: Payload) -> dict[str, Any]:
         now = self.clock()
         self._expire(now)
         actions: list[dict] = []
         ignored: list[dict] = []
-        for alert in payload.alerts:
+        for i, alert in enumerate(payload.alerts):
+            if i and i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # let scrapes in between decisions of a large batch
             name = alert.labels.get("alertname", "")
             fp = alert.fingerprint or _fingerprint(alert.labels)
             why = self._ignore_reason(alert, fp)
