@@ -428,23 +428,29 @@ def test_snapshot_dir_is_capped_oldest_first(tmp_path):
 
 
 def test_snapshot_asks_the_probe_when_the_process_has_one(tmp_path, monkeypatch):
-    """The probe writes its pickle into the snapshot directory; gpuwatch names it and makes
-    it owner-only. (The probe itself is exercised in test_remediation_probe.py.)"""
+    """The probe writes its pickle in its own directory; gpuwatch copies it under its own name
+    and mode. (The probe itself is exercised in test_remediation_probe.py.)"""
     calls = []
 
     async def fake_request(probe_dir, pid, action, params, timeout):
         calls.append((pid, action, params))
-        path = os.path.join(params["dir"], "probe-wrote-this.pickle")
-        with open(path, "wb") as f:
-            f.write(b"\x80\x04N.")
-        os.chmod(path, 0o644)
-        return {"ok": True, "path": path, "segments": 7, "history": True}
+        return {"ok": True, "path": "/etc/shadow", "segments": 7, "history": True,
+                "request_id": "0123456789abcdef"}
+
+    async def fake_copy(probe_dir, pid, request_id, dest, max_bytes):
+        calls.append((pid, request_id))
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"\x80\x04N.")
+        os.close(fd)
+        return 5
     monkeypatch.setattr(probe_channel, "request", fake_request)
+    monkeypatch.setattr(probe_channel, "copy_snapshot", fake_copy)
     probes = [ProbeSample(pid=4242, create_time=1000.0, reserved_bytes=GIB)]
     rem = make(tmp_path, snapshot=SnapshotConfig(dir=str(tmp_path / "snaps"), history=True))
     out = asyncio.run(step(rem, [ev()], snap_of(probes=probes)))
     assert results(out) == [("snapshot", "ok")]
-    assert calls == [(4242, "snapshot", {"dir": str(tmp_path / "snaps"), "history": True})]
+    # No directory offered to the probe, and its "path" is not looked at.
+    assert calls == [(4242, "snapshot", {"history": True}), (4242, "0123456789abcdef")]
     pickle_path = out[0].detail["allocator_snapshot"]
     assert pickle_path.endswith("-pid4242-allocator.pickle") and out[0].detail["segments"] == 7
     assert stat.S_IMODE(os.stat(pickle_path).st_mode) == 0o600
