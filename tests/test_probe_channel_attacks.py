@@ -22,7 +22,12 @@ from gpuwatch.model import GpuSample, ProcessSample, Tick
 from gpuwatch.remediation.hooks import HookFailed, Target
 from gpuwatch.remediation.hooks import snapshot as snapshot_hook
 from gpuwatch.sources import probes as probe_source
-from gpuwatch.sources.probes import ensure_user_dir, prepare_probe_dir, read_probes
+from gpuwatch.sources.probes import (
+    ProbeReader,
+    ensure_user_dir,
+    prepare_probe_dir,
+    read_probes,
+)
 from tests.helpers import child_env
 
 ROOT = os.geteuid() == 0
@@ -252,16 +257,26 @@ def test_junk_in_one_users_directory_is_bounded_and_slows_nobody_else(top, monke
             opened.append(name)
             return real(fd, name, max_bytes)
         monkeypatch.setattr(probe_source.protocol, "read_regular", counting)
-        problems: list[str] = []
+        # The daemon's reader: only the records of processes on a GPU, opened by name.
+        t0 = time.perf_counter()
+        samples, problems = ProbeReader(str(probe_dir)).read(
+            time.time(), [victim.pid], stale_after=30)
+        took = time.perf_counter() - t0
+        assert [(s.pid, s.reserved_bytes) for s in samples] == [(victim.pid, 4242)]
+        assert opened == [f"{victim.pid}.json"] and problems == []
+        print(f"daemon's read with 10k junk files: {took * 1e3:.1f} ms")
+        # The listing reader (tools): bounded, and the junk is never opened (dead pids are
+        # pruned unread; pid 1 is not the attacker's).
+        opened.clear()
+        problems = []
         t0 = time.perf_counter()
         samples = read_probes(str(probe_dir), time.time(), problems=problems)
         took = time.perf_counter() - t0
     finally:
         victim.kill()
         victim.wait()
-    print(f"read with 10k junk files: {took * 1e3:.0f} ms, {len(opened)} files opened")
+    print(f"listing read with 10k junk files: {took * 1e3:.0f} ms, {len(opened)} files opened")
     assert [(s.pid, s.reserved_bytes) for s in samples] == [(victim.pid, 4242)]
-    # The junk was never opened (dead pids are pruned unread; pid 1 is not the attacker's).
     assert opened == [f"{victim.pid}.json"]
     assert any("more than" in p and str(ATTACKER) in p for p in problems)
     assert took < 2.0

@@ -5,11 +5,13 @@ uid and the live process pid belongs to uid too, so one user cannot publish numb
 another user's process. Stale records, records of dead processes (or of an earlier process
 that had the same pid) and garbage are skipped; nothing here raises on bad input.
 
-One user's directory cannot slow the reader for everyone: per user at most
-MAX_ENTRIES_PER_USER names are looked at, MAX_RECORDS_PER_USER records read and
-MAX_BYTES_PER_USER bytes, in listing order; names of dead pids are pruned without being
-opened, entries that are not regular files are skipped without being opened, and the process
-is checked before its file is read. The daemon calls this off its event loop.
+One user's directory cannot slow the reader for everyone. The daemon (ProbeReader) opens
+only `<uid>/<pid>.json` of the processes NVML shows on a GPU, by name: whatever else a user
+keeps in their directory is never listed nor opened. Per user it reads at most
+MAX_RECORDS_PER_USER records and MAX_BYTES_PER_USER bytes, off its event loop. The listing
+reader (read_probes, for tools and tests) is bounded too: at most MAX_ENTRIES_PER_USER names
+looked at per user, entries that are not regular files and names of dead pids skipped (and
+the latter pruned) without being opened, the process checked before its file is read.
 
 As root the daemon owns the shared directory (0755, so no user can add to it) and makes each
 user's `<uid>/` itself when a process of that user shows up on a GPU (ProbeReader): no user
@@ -37,8 +39,8 @@ _UID_RE = re.compile(r"[0-9]{1,10}")
 # psutil derives create time from boot time + start ticks: equal in every reader, give or take.
 _CREATE_TIME_SLACK = 1.0
 MAX_ENTRIES_PER_USER = 4096
-MAX_RECORDS_PER_USER = 64
-MAX_BYTES_PER_USER = 4 * protocol.MAX_RECORD_BYTES
+MAX_RECORDS_PER_USER = 1024
+MAX_BYTES_PER_USER = 32 * protocol.MAX_RECORD_BYTES
 MAX_USERS = 4096
 
 
@@ -104,20 +106,30 @@ class ProbeReader:
 
     def read(self, now: float, gpu_pids: Iterable[int], *, stale_after: float
              ) -> tuple[list[ProbeSample], list[str]]:
+        """The probe samples of the processes on a GPU, and why any were refused."""
         problems: list[str] = []
+        self._learn_uids(gpu_pids)
         if os.geteuid() == 0:
-            self._make_dirs(gpu_pids, problems)
-        return read_probes(self.probe_dir, now, stale_after=stale_after,
-                           problems=problems), problems
+            self._make_dirs(problems)
+        by_uid: dict[int, list[int]] = {}
+        for pid, uid in self._uid_of.items():
+            if uid is not None:
+                by_uid.setdefault(uid, []).append(pid)
+        return read_records_of(self.probe_dir, now, by_uid, stale_after=stale_after,
+                               problems=problems), problems
 
-    def _make_dirs(self, pids: Iterable[int], problems: list[str]) -> None:
+    def _learn_uids(self, pids: Iterable[int]) -> None:
         pids = set(pids)
+        # A pid's user is looked up once, while it is on a GPU; read_records_of checks the
+        # live process against each record anyway.
         self._uid_of = {p: u for p, u in self._uid_of.items() if p in pids}
         for pid in pids - self._uid_of.keys():
             try:
                 self._uid_of[pid] = psutil.Process(pid).uids().real
             except psutil.Error:
                 self._uid_of[pid] = None
+
+    def _make_dirs(self, problems: list[str]) -> None:
         for uid in {u for u in self._uid_of.values() if u is not None} - self._made:
             if len(self._made) >= MAX_USERS:
                 break
@@ -128,6 +140,58 @@ class ProbeReader:
                 problems.append(f"{self.probe_dir}/{uid}: {exc.strerror or exc}")
                 continue
             self._made.add(uid)
+
+
+def read_records_of(probe_dir: str, now: float, pids_by_uid: dict[int, list[int]], *,
+                    stale_after: float = 30.0, problems: list[str] | None = None
+                    ) -> list[ProbeSample]:
+    """The samples in `<probe dir>/<uid>/<pid>.json` for the given pids, each opened by name
+    (nothing is listed), ordered by (pid, device)."""
+    notes: list[str] = problems if problems is not None else []
+    try:
+        base_fd = protocol.open_dir(probe_dir)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        notes.append(f"{probe_dir}: {exc.strerror or exc}")
+        return []
+    out: list[ProbeSample] = []
+    try:
+        for uid, pids in pids_by_uid.items():
+            where = os.path.join(probe_dir, str(uid))
+            try:
+                fd = protocol.open_dir(str(uid), dir_fd=base_fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                notes.append(f"{where}: {exc.strerror or exc}")
+                continue
+            try:
+                owner = os.fstat(fd).st_uid
+                if owner != uid:
+                    notes.append(f"{where}: owned by uid {owner}, not {uid}: ignored")
+                    continue
+                spent = 0
+                for n, pid in enumerate(sorted(pids)):
+                    if n >= MAX_RECORDS_PER_USER or spent >= MAX_BYTES_PER_USER:
+                        notes.append(f"{where}: more than {MAX_RECORDS_PER_USER} records or "
+                                     f"{MAX_BYTES_PER_USER} bytes; the rest not read")
+                        break
+                    name = protocol.stats_name(pid)
+                    try:
+                        got, size = _read_record(fd, name, pid, uid, now, stale_after,
+                                                 prune=True, precheck=False)
+                    except _Refused as exc:
+                        notes.append(f"{where}/{name}: {exc}")
+                        continue
+                    out += got
+                    spent += size
+            finally:
+                os.close(fd)
+    finally:
+        os.close(base_fd)
+    out.sort(key=lambda s: (s.pid, -1 if s.device is None else s.device))
+    return out
 
 
 def read_probes(probe_dir: str, now: float, *, stale_after: float = 30.0,
@@ -222,16 +286,17 @@ class _Refused(Exception):
 
 
 def _read_record(fd: int, name: str, pid: int, uid: int, now: float, stale_after: float,
-                 prune: bool) -> tuple[list[ProbeSample], int]:
+                 prune: bool, precheck: bool = True) -> tuple[list[ProbeSample], int]:
     """(the record's samples, bytes read)."""
-    # The process first: a record of someone else's (or no) process is not worth reading.
-    alive, why = _process_matches(pid, uid, None)
-    if not alive:
-        if prune and not why:
-            protocol.unlink_quietly(fd, name)
-        if why:
-            raise _Refused(why)
-        return [], 0
+    if precheck:
+        # The process first: a record of someone else's (or no) process is not worth reading.
+        alive, why = _process_matches(pid, uid, None)
+        if not alive:
+            if prune and not why:
+                protocol.unlink_quietly(fd, name)
+            if why:
+                raise _Refused(why)
+            return [], 0
     try:
         data, st = protocol.read_regular(fd, name, protocol.MAX_RECORD_BYTES)
     except FileNotFoundError:
