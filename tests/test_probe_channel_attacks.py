@@ -265,7 +265,7 @@ def test_junk_in_one_users_directory_is_bounded_and_slows_nobody_else(top, monke
         assert [(s.pid, s.reserved_bytes) for s in samples] == [(victim.pid, 4242)]
         assert opened == [f"{victim.pid}.json"] and problems == []
         print(f"daemon's read with 10k junk files: {took * 1e3:.1f} ms")
-        # The listing reader (tools): bounded, and the junk is never opened (dead pids are
+        # The listing reader (scripts): bounded, and the junk is never opened (dead pids are
         # pruned unread; pid 1 is not the attacker's).
         opened.clear()
         problems = []

@@ -9,7 +9,7 @@ One user's directory cannot slow the reader for everyone. The daemon (ProbeReade
 only `<uid>/<pid>.json` of the processes NVML shows on a GPU, by name: whatever else a user
 keeps in their directory is never listed nor opened. Per user it reads at most
 MAX_RECORDS_PER_USER records and MAX_BYTES_PER_USER bytes, off its event loop. The listing
-reader (read_probes, for tools and tests) is bounded too: at most MAX_ENTRIES_PER_USER names
+reader (read_probes, for scripts and tests) is bounded too: at most MAX_ENTRIES_PER_USER names
 looked at per user, entries that are not regular files and names of dead pids skipped (and
 the latter pruned) without being opened, the process checked before its file is read.
 
