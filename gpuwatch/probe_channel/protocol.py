@@ -114,9 +114,9 @@ def write_atomic(dir_fd: int, name: str, data: bytes | Callable[[BinaryIO], obje
         raise
 
 
-def read_regular(dir_fd: int, name: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
-    """The content and status of a regular file in the directory; OSError or ValueError when
-    it is a symlink, not a regular file, or larger than max_bytes."""
+def open_regular(dir_fd: int, name: str, max_bytes: int) -> tuple[int, os.stat_result]:
+    """(descriptor, status) of a regular file in the directory, opened for reading; OSError or
+    ValueError when it is a symlink, not a regular file, or larger than max_bytes."""
     # O_NONBLOCK: a FIFO planted under a probe's name must not hang the reader.
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                  dir_fd=dir_fd)
@@ -126,6 +126,17 @@ def read_regular(dir_fd: int, name: str, max_bytes: int) -> tuple[bytes, os.stat
             raise ValueError(f"{name}: not a regular file")
         if st.st_size > max_bytes:
             raise ValueError(f"{name}: {st.st_size} bytes, more than {max_bytes}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(dir_fd: int, name: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
+    """The content and status of a regular file in the directory; OSError or ValueError when
+    it is a symlink, not a regular file, or larger than max_bytes."""
+    fd, st = open_regular(dir_fd, name, max_bytes)
+    try:
         chunks = []
         left = max_bytes + 1
         while left > 0:

@@ -124,18 +124,12 @@ def copy_out(probe_dir: str, pid: int, request_id: str, dest: str, max_bytes: in
     name = protocol.snapshot_name(pid, request_id)
     dir_fd, uid = _open_probe_dir(probe_dir, pid)
     try:
-        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                      dir_fd=dir_fd)
+        src, st = protocol.open_regular(dir_fd, name, max_bytes)
         try:
-            st = os.fstat(src)
-            if not stat.S_ISREG(st.st_mode):
-                raise ValueError(f"{name}: not a regular file")
             if st.st_uid != uid:
                 raise ValueError(f"{name}: owned by uid {st.st_uid}, not {uid}")
             if st.st_nlink != 1:
                 raise ValueError(f"{name}: {st.st_nlink} links (a link to another file?)")
-            if st.st_size > max_bytes:
-                raise ValueError(f"{name}: {st.st_size} bytes, more than {max_bytes}")
             return _copy(src, dest, max_bytes)
         finally:
             os.close(src)

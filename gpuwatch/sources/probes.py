@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import msgspec
 import psutil
@@ -147,51 +147,12 @@ def read_records_of(probe_dir: str, now: float, pids_by_uid: dict[int, list[int]
                     ) -> list[ProbeSample]:
     """The samples in `<probe dir>/<uid>/<pid>.json` for the given pids, each opened by name
     (nothing is listed), ordered by (pid, device)."""
-    notes: list[str] = problems if problems is not None else []
-    try:
-        base_fd = protocol.open_dir(probe_dir)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        notes.append(f"{probe_dir}: {exc.strerror or exc}")
-        return []
-    out: list[ProbeSample] = []
-    try:
+    def read(base_fd: int, notes: list[str]) -> list[ProbeSample]:
+        out: list[ProbeSample] = []
         for uid, pids in pids_by_uid.items():
-            where = os.path.join(probe_dir, str(uid))
-            try:
-                fd = protocol.open_dir(str(uid), dir_fd=base_fd)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                notes.append(f"{where}: {exc.strerror or exc}")
-                continue
-            try:
-                owner = os.fstat(fd).st_uid
-                if owner != uid:
-                    notes.append(f"{where}: owned by uid {owner}, not {uid}: ignored")
-                    continue
-                spent = 0
-                for n, pid in enumerate(sorted(pids)):
-                    if n >= MAX_RECORDS_PER_USER or spent >= MAX_BYTES_PER_USER:
-                        notes.append(f"{where}: more than {MAX_RECORDS_PER_USER} records or "
-                                     f"{MAX_BYTES_PER_USER} bytes; the rest not read")
-                        break
-                    name = protocol.stats_name(pid)
-                    try:
-                        got, size = _read_record(fd, name, pid, uid, now, stale_after,
-                                                 prune=True, precheck=False)
-                    except _Refused as exc:
-                        notes.append(f"{where}/{name}: {exc}")
-                        continue
-                    out += got
-                    spent += size
-            finally:
-                os.close(fd)
-    finally:
-        os.close(base_fd)
-    out.sort(key=lambda s: (s.pid, -1 if s.device is None else s.device))
-    return out
+            out += _read_named(base_fd, probe_dir, uid, pids, now, stale_after, notes)
+        return out
+    return _in_base(probe_dir, problems, read)
 
 
 def read_probes(probe_dir: str, now: float, *, stale_after: float = 30.0,
@@ -202,6 +163,21 @@ def read_probes(probe_dir: str, now: float, *, stale_after: float = 30.0,
     problems: when given, receives one line per record that was refused and why.
     prune: delete records whose process is gone (where permissions allow).
     """
+    def read(base_fd: int, notes: list[str]) -> list[ProbeSample]:
+        out: list[ProbeSample] = []
+        live = _live_pids()
+        users = [n for n in os.listdir(base_fd) if _UID_RE.fullmatch(n)][:MAX_USERS]
+        for name in users:
+            out += _read_user_dir(base_fd, probe_dir, int(name), now, stale_after, notes,
+                                  prune, live)
+        return out
+    return _in_base(probe_dir, problems, read)
+
+
+def _in_base(probe_dir: str, problems: list[str] | None,
+             read: Callable[[int, list[str]], list[ProbeSample]]) -> list[ProbeSample]:
+    """read(descriptor of the probe directory, notes), its samples sorted by (pid, device);
+    nothing raised."""
     notes: list[str] = problems if problems is not None else []
     try:
         base_fd = protocol.open_dir(probe_dir)
@@ -212,16 +188,48 @@ def read_probes(probe_dir: str, now: float, *, stale_after: float = 30.0,
         return []
     out: list[ProbeSample] = []
     try:
-        live = _live_pids()
-        users = [n for n in os.listdir(base_fd) if _UID_RE.fullmatch(n)][:MAX_USERS]
-        for name in users:
-            out += _read_user_dir(base_fd, probe_dir, int(name), now, stale_after, notes,
-                                  prune, live)
+        out = read(base_fd, notes)
     except OSError as exc:
         notes.append(f"{probe_dir}: {exc.strerror or exc}")
     finally:
         os.close(base_fd)
     out.sort(key=lambda s: (s.pid, -1 if s.device is None else s.device))
+    return out
+
+
+def _read_named(base_fd: int, probe_dir: str, uid: int, pids: list[int], now: float,
+                stale_after: float, notes: list[str]) -> list[ProbeSample]:
+    where = os.path.join(probe_dir, str(uid))
+    try:
+        fd = protocol.open_dir(str(uid), dir_fd=base_fd)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        notes.append(f"{where}: {exc.strerror or exc}")
+        return []
+    out: list[ProbeSample] = []
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner != uid:
+            notes.append(f"{where}: owned by uid {owner}, not {uid}: ignored")
+            return []
+        spent = 0
+        for n, pid in enumerate(sorted(pids)):
+            if n >= MAX_RECORDS_PER_USER or spent >= MAX_BYTES_PER_USER:
+                notes.append(f"{where}: more than {MAX_RECORDS_PER_USER} records or "
+                             f"{MAX_BYTES_PER_USER} bytes; the rest not read")
+                break
+            name = protocol.stats_name(pid)
+            try:
+                got, size = _read_record(fd, name, pid, uid, now, stale_after, prune=True,
+                                         precheck=False)
+            except _Refused as exc:
+                notes.append(f"{where}/{name}: {exc}")
+                continue
+            out += got
+            spent += size
+    finally:
+        os.close(fd)
     return out
 
 
