@@ -489,9 +489,11 @@ def test_requests_from_an_untrusted_uid_are_ignored(hosts, tmp_path):
     latest(probe_dir, host.pid)
     d = probe_dir / str(os.geteuid())
     req = d / protocol.request_name(host.pid, "0123456789abcdef")
-    req.write_text(json.dumps({"id": "0123456789abcdef", "pid": host.pid, "action": "flush",
+    tmp = d / ".untrusted.tmp"  # handed over before it appears: the probe polls meanwhile
+    tmp.write_text(json.dumps({"id": "0123456789abcdef", "pid": host.pid, "action": "flush",
                                "t": time.time()}))
-    os.chown(req, 4321, 4321)
+    os.chown(tmp, 4321, 4321)
+    tmp.rename(req)
     wait_until(lambda: not req.exists(), timeout=20, what="the probe to take the file")
     with pytest.raises(TimeoutError):
         asyncio.run(wait_result(str(probe_dir), host.pid, "0123456789abcdef", 0.5))

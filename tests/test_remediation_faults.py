@@ -201,8 +201,9 @@ max_body_bytes = 4194304
         assert len(answer["actions"]) + len(answer["ignored"]) >= 1250
         assert p99 < 0.050, f"/metrics p99 {p99 * 1e3:.1f} ms during the notification"
         # One fsync per decision on the loop stalled it for the whole batch (0.3 s here with
-        # a fast disk, 6 s on a slow one); batched off the loop no scrape waits that long.
-        assert during[-1] < 0.15, f"the loop stalled {during[-1]:.2f} s"
+        # a fast disk, 6 s on a slow one: the slowest scrape waited as long as the request);
+        # batched off the loop, and decided in slices, no scrape waits for the whole batch.
+        assert during[-1] < max(0.15, 0.5 * took), f"the loop stalled {during[-1]:.2f} s"
     finally:
         d.stop()
     decided = [r for r in read_records(tmp_path / "audit.jsonl") if "action" in r]

@@ -99,6 +99,7 @@ def test_without_a_held_pidfd_the_start_time_tells_them_apart():
         a = sleeper()
         ct = psutil.Process(a.pid).create_time()
         gone(a)
+        time.sleep(0.02)  # two clock ticks later: what the start time alone can tell apart
         b = reuse(a.pid)
         if b is None:
             continue
