@@ -2,8 +2,8 @@
 alerts), passes every action through the guardrails, runs the hooks in the background and
 accounts for every action and skip (ledger: audit log and counters).
 
-Parts live beside it: where files go (paths), how a flush is done (flushing), which process
-a pid is (identity), the accounting (ledger); the webhook (webhook) only knows the Actor
+Parts live beside it: carrying out actions (runner, with flushing and identity), the
+accounting (ledger), where files go (paths); the webhook (webhook) only knows the Actor
 interface this class offers.
 """
 
@@ -16,22 +16,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from gpuwatch.events import ActionEvent, Event
-from gpuwatch.remediation import flushing, targets
-from gpuwatch.remediation.config import RemediationConfig, WebhookConfig, signal_number
+from gpuwatch.remediation import targets
+from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
 from gpuwatch.remediation.guardrails import Guardrails
 from gpuwatch.remediation.hooks import HookFailed, Refused, Target
-from gpuwatch.remediation.hooks import exec as exec_hook
-from gpuwatch.remediation.hooks import flush as flush_hook
-from gpuwatch.remediation.hooks import signal as signal_hook
-from gpuwatch.remediation.hooks import snapshot as snapshot_hook
-from gpuwatch.remediation.identity import ProcessHandles
 from gpuwatch.remediation.ledger import RESULTS, Ledger
-from gpuwatch.remediation.paths import snapshot_dir, state_dir
+from gpuwatch.remediation.paths import state_dir
 from gpuwatch.remediation.policy import Action, Plan, Policy
+from gpuwatch.remediation.runner import HookRunner
 from gpuwatch.remediation.webhook import AlertmanagerWebhook
 
 __all__ = ["RESULTS", "Remediator", "state_dir"]
@@ -82,19 +77,14 @@ class Remediator:
         )
         self.ledger = Ledger(config, clock)
         self.ledger.dry_run = self.dry_run
-        self.snapshot_dir = snapshot_dir(config)
+        self.hooks = HookRunner(config, probe_dir, clock)
         self.webhook = AlertmanagerWebhook(self, webhook, clock=clock)
-        self.handles = ProcessHandles()
         self._snap: Any = None
         self._ladders: dict[tuple, _Ladder] = {}
         self._tasks: set[asyncio.Task] = set()
         self._done: list[ActionEvent] = []
-        self._engines: dict[str, dict[str, Any]] = {}
-        self._probes: dict[int, float | None] = {}
-        self._session: aiohttp.ClientSession | None = None
         self._ids = itertools.count(1)
         self._run_id = f"{int(clock()):x}"
-        self._signum = signal_number(config.signal.signal)
         self.ledger.note("started", dry_run=self.dry_run)
 
     @property
@@ -147,8 +137,7 @@ class Remediator:
         g.cooldown_seconds, g.rate_limit = config.cooldown_seconds, config.rate_limit
         g.rate_window_seconds, g.max_concurrent = (config.rate_window_seconds,
                                                    config.max_concurrent)
-        self.snapshot_dir = snapshot_dir(config)
-        self._signum = signal_number(config.signal.signal)
+        self.hooks.reconfigure(config)
         self.webhook.reconfigure(webhook)
         self.ledger.note("reconfigured", dry_run=self.dry_run)
 
@@ -165,11 +154,8 @@ class Remediator:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.hooks.close()
         self.ledger.note("stopped")
-        self.handles.close()
         await asyncio.to_thread(self.ledger.close)
 
     async def wait_idle(self, timeout: float | None = None) -> bool:
@@ -197,19 +183,7 @@ class Remediator:
 
     def _observe(self, snap: Any) -> None:
         self._snap = snap
-        tick = getattr(snap, "tick", None)
-        if tick is None:
-            return
-        for eng in tick.engines:
-            info = self._engines.setdefault(eng.name, {})
-            info.update({"kind": eng.kind, "url": eng.url})
-            if eng.pids:
-                info["pids"] = list(eng.pids)
-        if tick.probes:
-            self._probes = {p.pid: p.create_time for p in tick.probes}
-        # A pidfd for each process when first seen: a signal later reaches that process or
-        # none, whatever became of its pid.
-        self.handles.observe((p.pid, p.create_time) for g in tick.gpus for p in g.processes)
+        self.hooks.observe(snap)
 
     def _escalate(self, snap: Any) -> list[ActionEvent]:
         active = {e.key for e in getattr(snap, "active_events", ())}
@@ -233,7 +207,7 @@ class Remediator:
             context: dict[str, Any]) -> list[ActionEvent]:
         """Decide each action now; admitted ones run in order in one background task.
         Returns the decisions already final (refusals, skips, dry runs)."""
-        engine_pids = {n: i.get("pids", []) for n, i in self._engines.items()}
+        engine_pids = self.hooks.engine_pids()
         try:
             target: Target | None = targets.resolve(event, self._snap, engine_pids)
             refusal = ""
@@ -253,7 +227,7 @@ class Remediator:
                     raise Refused(f"{name} is not enabled (opt in: remediation.{name}.enabled)")
                 if target is None:
                     raise Refused(refusal)
-                preview = self._precheck(action, target)
+                preview = self.hooks.precheck(action, target)
             except Refused as exc:
                 out.append(self._final(name, label, "refused", str(exc), trigger, ctx))
                 continue
@@ -276,32 +250,6 @@ class Remediator:
             task.add_done_callback(self._tasks.discard)
         return out
 
-    def _precheck(self, action: Action, target: Target) -> dict[str, Any]:
-        """Action-specific checks that need no side effect; raises Refused. Returns what a
-        dry run reports it would do."""
-        name, arg = action
-        if name == "signal":
-            if target.pid is None:
-                raise Refused("signal needs a process, and the event names none")
-            signum = signal_number(arg) if arg else self._signum
-            return signal_hook.send(target.pid, target.create_time, signum,
-                                    self.config.signal.allow, dry_run=True,
-                                    pidfd=self._pidfd(target))
-        if name == "flush":
-            how = self._flush_plan(target, arg)
-            if not how:
-                raise Refused(f"nothing to flush for {target.label}: no probe in the process "
-                              "and no flush endpoint for its engine")
-            return {"would_flush": [h[0] for h in how]}
-        if name == "snapshot":
-            if target.gpu_uuid is None:
-                raise Refused(f"snapshot needs a GPU; {target.label} runs on none known")
-            return {"would_snapshot": target.label,
-                    "probe": flushing.has_probe(target, self._probes)}
-        if name == "exec":
-            return {"would_exec": list(self.config.exec.argv)}
-        raise Refused(f"unknown action {name!r}")
-
     # -- running ----------------------------------------------------------------------------
 
     async def _run_jobs(self, jobs: list[_Job]) -> None:
@@ -323,7 +271,9 @@ class Remediator:
                 continue
             self.guard.started(name, label)
             try:
-                detail = await self._run_hook(job)
+                detail = await self.hooks.run(job.action, job.target, job.context, {
+                    "id": job.id, "action": "exec", "target": label, "trigger": job.trigger,
+                    "dry_run": False, "message": job.event.message or None})
                 result, reason = "ok", ""
             except Refused as exc:
                 detail, result, reason = {}, "refused", str(exc)
@@ -345,56 +295,6 @@ class Remediator:
             self._done.append(self._final(
                 job.action[0], job.target.label, "failed", "cancelled at shutdown",
                 job.trigger, job.context, job_id=job.id))
-
-    async def _run_hook(self, job: _Job) -> dict[str, Any]:
-        name, arg = job.action
-        target = job.target
-        if name == "signal":
-            signum = signal_number(arg) if arg else self._signum
-            return signal_hook.send(target.pid, target.create_time, signum,
-                                    self.config.signal.allow, pidfd=self._pidfd(target))
-        if name == "snapshot":
-            cfg = self.config.snapshot
-            return await snapshot_hook.take(
-                self._snap, target, job.context, directory=self.snapshot_dir,
-                max_total_bytes=cfg.max_total_bytes, probe_dir=self.probe_dir,
-                has_probe=flushing.has_probe(target, self._probes),
-                history=cfg.history or arg == "history",
-                timeout=cfg.probe_timeout_seconds, t=self.clock(),
-            )
-        if name == "flush":
-            return await self._flush(target, arg)
-        if name == "exec":
-            payload = {**job.context, "id": job.id, "action": "exec", "target": target.label,
-                       "trigger": job.trigger, "dry_run": False,
-                       "message": job.event.message or None}
-            return await exec_hook.run(self.config.exec.argv, payload,
-                                       timeout=self.config.exec.timeout_seconds,
-                                       extra_env=self.config.exec.env)
-        raise Refused(f"unknown action {name!r}")
-
-    def _pidfd(self, target: Target) -> int | None:
-        """A copy of the pidfd held since the target was first seen, if any."""
-        try:
-            return self.handles.dup(target.pid, target.create_time)
-        except LookupError as exc:
-            raise Refused(str(exc)) from None
-
-    def _flush_plan(self, target: Target, arg: str) -> list[tuple[str, Any]]:
-        endpoint = flushing.endpoint_for(target, self.config, self._engines, self._snap)
-        return flushing.plan(target, arg, self._probes, endpoint)
-
-    async def _flush(self, target: Target, arg: str) -> dict[str, Any]:
-        how = self._flush_plan(target, arg)
-        if not how:
-            raise Refused(f"nothing to flush for {target.label}")
-        kind, what = how[0]
-        cfg = self.config.flush
-        if kind == "probe":
-            return await flush_hook.via_probe(self.probe_dir, what, cfg.probe_timeout_seconds)
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        return await flush_hook.via_engine(self._session, what, cfg.http_timeout_seconds)
 
     def _final(self, action: str, target: str, result: str, reason: str, trigger: str,
                detail: dict[str, Any], *, job_id: str | None = None) -> ActionEvent:
