@@ -208,3 +208,20 @@ max_body_bytes = 4194304
         d.stop()
     decided = [r for r in read_records(tmp_path / "audit.jsonl") if "action" in r]
     assert len(decided) >= 1250
+
+
+def test_a_flood_of_rejected_requests_cannot_rotate_the_audit_log_away(tmp_path):
+    from gpuwatch.remediation.config import AuditConfig, RemediationConfig
+    from gpuwatch.remediation.ledger import REJECTED_PER_SECOND, Ledger
+
+    clock = Clock(100.0)
+    ledger = Ledger(RemediationConfig(audit=AuditConfig(path=str(tmp_path / "a.jsonl"))),
+                    clock)
+    for _ in range(1000):
+        ledger.rejected(401, "missing or wrong bearer token", "192.0.2.7")
+    clock.t += 1.0
+    ledger.rejected(400, "invalid Alertmanager payload", "192.0.2.7")
+    ledger.close()
+    records = list(read_records(tmp_path / "a.jsonl"))
+    assert len(records) == REJECTED_PER_SECOND + 1
+    assert records[-1]["suppressed_before"] == 1000 - REJECTED_PER_SECOND

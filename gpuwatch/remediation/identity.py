@@ -19,7 +19,8 @@ from collections.abc import Iterable
 import psutil
 
 PROC = "/proc"
-MAX_HANDLES = 4096
+# Each held pidfd is a descriptor: stay well under the usual soft limit of 1024.
+MAX_HANDLES = 512
 
 try:
     CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -78,13 +79,17 @@ class ProcessHandles:
         for key in current - self._fds.keys():
             if len(self._fds) >= self.max_handles:
                 break
-            self._fds[key] = self._open(*key)
+            fd = self._open(*key)
+            if fd is not None:
+                self._fds[key] = fd
 
-    def _open(self, pid: int, create_time: float) -> int:
+    def _open(self, pid: int, create_time: float) -> int | None:
         try:
             fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return -1  # gone already: whatever has this pid later is not the sampled one
         except OSError:
-            return -1  # gone already (or no pidfd support): nothing to hold
+            return None  # out of descriptors, or no pidfd support: the fall-back applies
         # Checked after opening: whatever the fd refers to is the process checked here.
         if same_process(pid, create_time, self.proc_root) is not True:
             os.close(fd)
@@ -101,7 +106,8 @@ class ProcessHandles:
         if fd is None:
             return None
         if fd < 0:
-            raise LookupError(f"pid {pid} was another process when first seen: pid reused")
+            raise LookupError(f"pid {pid} had exited, or was another process, when first "
+                              "seen: pid reused")
         return os.dup(fd)
 
     def _close(self, key: tuple[int, float]) -> None:

@@ -23,6 +23,7 @@ from gpuwatch.remediation.paths import audit_path
 
 log = logging.getLogger("gpuwatch.remediation.remediator")
 
+REJECTED_PER_SECOND = 20
 RESULTS = ("ok", "failed", "dry_run", "skipped_cooldown", "skipped_rate_limit", "refused")
 
 
@@ -34,6 +35,9 @@ class Ledger:
         self.audit = AuditLog(self.path, config.audit.max_bytes, config.audit.backups)
         self.counts = {(a, r): 0 for a in ACTIONS for r in RESULTS}
         self.dry_run = False
+        self._rejected_window = 0.0
+        self._rejected_in_window = 0
+        self._rejected_suppressed = 0
 
     def reconfigure(self, config: RemediationConfig) -> None:
         """Reopen the audit log when its settings changed; raises OSError (nothing changed)."""
@@ -74,9 +78,22 @@ class Ledger:
         self._submit({"t": self.clock(), "note": what, "pid": os.getpid(), **extra})
 
     def rejected(self, status: int, reason: str, peer: str | None) -> None:
-        """A webhook request answered with an error."""
-        self._submit({"t": self.clock(), "note": "webhook_rejected", "status": status,
-                      "reason": reason, "peer": peer})
+        """A webhook request answered with an error. At most REJECTED_PER_SECOND records a
+        second, the rest counted in the next one: a flood of bad requests must not rotate
+        the actions out of the audit log."""
+        now = self.clock()
+        if now - self._rejected_window >= 1.0:
+            self._rejected_window, self._rejected_in_window = now, 0
+        if self._rejected_in_window >= REJECTED_PER_SECOND:
+            self._rejected_suppressed += 1
+            return
+        self._rejected_in_window += 1
+        record = {"t": now, "note": "webhook_rejected", "status": status, "reason": reason,
+                  "peer": peer}
+        if self._rejected_suppressed:
+            record["suppressed_before"] = self._rejected_suppressed
+            self._rejected_suppressed = 0
+        self._submit(record)
 
     def _submit(self, record: dict[str, Any]) -> None:
         try:
