@@ -1,0 +1,55 @@
+"""A configuration with a unique secret planted in every secret-bearing field."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+
+
+def planted() -> dict[str, str]:
+    """Field -> a secret no other text contains."""
+    fields = ("engine_user", "engine_password", "engine_header", "engine_bearer",
+              "flush_user", "flush_password", "flush_header", "exec_env", "exec_arg",
+              "webhook_token")
+    return {f: f"{f.replace('_', '')}{secrets.token_hex(8)}" for f in fields}
+
+
+def config_toml(s: dict[str, str], *, engine_port: int, flush_port: int, extra: str = "") -> str:
+    """Engine 'inference' at engine_port, its flush endpoint at flush_port; an exec hook that
+    prints its secrets to stdout and stderr."""
+    hook = ("import os, sys; print(os.environ['HOOK_TOKEN'], sys.argv[2]); "
+            "print(sys.argv[2], os.environ['HOOK_TOKEN'], file=sys.stderr)")
+    return f"""
+{extra}
+[[engines]]
+name = "inference"
+url = "http://{s['engine_user']}:{s['engine_password']}@127.0.0.1:{engine_port}/metrics"
+headers = {{ X-Api-Key = "{s['engine_header']}" }}
+bearer_token = "{s['engine_bearer']}"
+interval_seconds = 1
+
+[remediation]
+cooldown_seconds = 0
+
+[remediation.flush]
+enabled = true
+http_timeout_seconds = 2
+
+[[remediation.flush.endpoints]]
+engine = "inference"
+url = "http://{s['flush_user']}:{s['flush_password']}@127.0.0.1:{flush_port}/reset_prefix_cache"
+headers = {{ X-Flush-Key = "Key {s['flush_header']}" }}
+
+[remediation.exec]
+enabled = true
+argv = ["{sys.executable}", "-c", "{hook}", "--token", "{s['exec_arg']}"]
+secret_args = [4]
+env = {{ HOOK_TOKEN = "{s['exec_env']}" }}
+
+[webhook]
+token = "{s['webhook_token']}"
+
+[[webhook.routes]]
+alertname = "SecretsTest"
+actions = ["exec", "flush", "snapshot"]
+"""

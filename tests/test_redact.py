@@ -1,0 +1,115 @@
+"""Secrets: every secret-bearing field is masked for display, and free text (log lines,
+reasons, hook output) is scrubbed of the configured secrets and of URL credentials."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from gpuwatch import redact
+from gpuwatch.config import ConfigError, _convert, load
+from tests.helpers import child_env
+from tests.secret_plant import config_toml, planted
+
+
+@pytest.fixture
+def plant():
+    s = planted()
+    cfg = _convert(tomllib.loads(config_toml(s, engine_port=8000, flush_port=8001)), "test")
+    return s, cfg
+
+
+def test_every_planted_secret_is_masked_for_display(plant):
+    s, cfg = plant
+    shown = redact.config_for_display(cfg)
+    text = json.dumps(shown)
+    assert [k for k, v in s.items() if v in text] == []
+    # What is no secret stays readable: hosts, header names, the rest of argv.
+    eng = shown["engines"][0]
+    assert eng["url"] == "http://***@127.0.0.1:8000/metrics"
+    assert eng["headers"] == {"X-Api-Key": "***"} and eng["bearer_token"] == "***"
+    ex = shown["remediation"]["exec"]
+    assert ex["argv"][3:] == ["--token", "***"] and ex["env"] == {"HOOK_TOKEN": "***"}
+    assert shown["webhook"]["token"] == "***"
+    assert shown["remediation"]["flush"]["endpoints"][0]["url"].startswith("http://***@")
+    # The original is untouched.
+    assert cfg.webhook.token == s["webhook_token"]
+
+
+def test_empty_secrets_show_as_unset():
+    shown = redact.config_for_display(load(None, environ={}))
+    assert shown["webhook"]["token"] == ""
+
+
+def test_scrub_text_removes_each_secret_and_any_url_credentials(plant):
+    s, cfg = plant
+    values = redact.secret_values(cfg)
+    for name, secret in s.items():
+        text = f"failed: {name} said {secret}!"
+        assert secret not in redact.scrub_text(text, values), name
+    # A URL nobody configured (a discovered engine, a redirect) loses its userinfo too.
+    assert redact.scrub_text("GET https://u:p@h:1/x failed", ()) == "GET https://***@h:1/x failed"
+    assert redact.scrub_text("mail user@example.com", ()) == "mail user@example.com"
+    # The credential after an auth scheme is a secret on its own.
+    assert redact.scrub_text(f"key was {s['flush_header']}", values) == "key was ***"
+
+
+def test_scrub_walks_records(plant):
+    s, cfg = plant
+    rec = {"reason": f"x {s['exec_env']}", "detail": {"argv": ["a", s["exec_arg"]],
+                                                      "n": 3, s["engine_bearer"]: None}}
+    out = redact.scrub(rec, redact.secret_values(cfg))
+    assert not any(v in json.dumps(out) for v in s.values())
+    assert out["detail"]["n"] == 3
+
+
+def test_short_secrets_are_masked_in_fields_not_scrubbed_from_text():
+    cfg = load(None, environ={"GPUWATCH_WEBHOOK_TOKEN": "ab"})
+    assert redact.config_for_display(cfg)["webhook"]["token"] == "***"
+    assert redact.scrub_text("tab", redact.secret_values(cfg)) == "tab"
+
+
+def test_log_filter_scrubs_messages_and_tracebacks(plant):
+    s, cfg = plant
+    redact.remember(cfg)
+    stream = io.StringIO()
+    logger = logging.getLogger("test-redact")
+    logger.propagate = False
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    try:
+        redact.install_log_filter(logger)
+        logger.warning("engine %s failed", f"http://a:{s['engine_password']}@h/")
+        try:
+            raise RuntimeError(f"hook said {s['exec_env']}")
+        except RuntimeError:
+            logger.exception("with %s", s["webhook_token"])
+    finally:
+        logger.removeHandler(handler)
+    out = stream.getvalue()
+    assert "RuntimeError" in out and "engine" in out
+    assert [k for k, v in s.items() if v in out] == []
+
+
+def test_secret_args_must_index_argv(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[remediation.exec]\nargv = ["a", "b"]\nsecret_args = [2]\n')
+    with pytest.raises(ConfigError, match=r"exec.secret_args: \[2\] not an index"):
+        load(p, environ={})
+
+
+def test_config_errors_never_print_url_credentials(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[[engines]]\nname = "e"\nurl = "ftp://user:hunter2secret@h/metrics"\n')
+    r = subprocess.run([sys.executable, "-m", "gpuwatch", "run", "--config", str(p)],
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert r.returncode == 2
+    assert "engines[0]: url" in r.stderr and "ftp://***@h/metrics" in r.stderr
+    assert "hunter2secret" not in r.stderr + r.stdout
+    assert len(r.stderr.strip().splitlines()) == 1
