@@ -201,14 +201,16 @@ def ssl_context(wc: WebConfig) -> ssl.SSLContext | None:
     if t is None:
         return None
     where = f"web config {wc.path}: tls_server_config"
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        file = getattr(t, key)
+        if file is not None and not file.is_file():
+            raise WebConfigError(f"{where}.{key}: {file}: file not found")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = TLS_VERSIONS[t.min_version]
     if t.max_version:
         ctx.maximum_version = TLS_VERSIONS[t.max_version]
     try:
         ctx.load_cert_chain(t.cert_file, t.key_file)
-    except FileNotFoundError as exc:
-        raise WebConfigError(f"{where}: {exc.filename}: file not found") from None
     except (ssl.SSLError, OSError) as exc:
         raise WebConfigError(f"{where}.cert_file/key_file: cannot load the certificate and "
                              f"key ({_ssl_reason(exc)})") from None
@@ -216,9 +218,6 @@ def ssl_context(wc: WebConfig) -> ssl.SSLContext | None:
     if t.client_ca_file is not None:
         try:
             ctx.load_verify_locations(cafile=t.client_ca_file)
-        except FileNotFoundError:
-            raise WebConfigError(f"{where}.client_ca_file: {t.client_ca_file}: file not found"
-                                 ) from None
         except (ssl.SSLError, OSError) as exc:
             raise WebConfigError(f"{where}.client_ca_file: cannot load ({_ssl_reason(exc)})"
                                  ) from None
