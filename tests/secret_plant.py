@@ -15,21 +15,27 @@ def planted() -> dict[str, str]:
 
 
 def config_toml(s: dict[str, str], *, engine_port: int, flush_port: int, extra: str = "") -> str:
-    """Engine 'inference' at engine_port, its flush endpoint at flush_port; an exec hook that
-    prints its secrets to stdout and stderr."""
+    """Engines 'inference' (header, bearer token) and 'inference-basic' (URL userinfo) at
+    engine_port, a flush endpoint at flush_port; an exec hook that prints its secrets."""
     hook = ("import os, sys; print(os.environ['HOOK_TOKEN'], sys.argv[2]); "
             "print(sys.argv[2], os.environ['HOOK_TOKEN'], file=sys.stderr)")
     return f"""
 {extra}
 [[engines]]
 name = "inference"
-url = "http://{s['engine_user']}:{s['engine_password']}@127.0.0.1:{engine_port}/metrics"
+url = "http://127.0.0.1:{engine_port}/metrics"
 headers = {{ X-Api-Key = "{s['engine_header']}" }}
 bearer_token = "{s['engine_bearer']}"
 interval_seconds = 1
 
+[[engines]]
+name = "inference-basic"
+url = "http://{s['engine_user']}:{s['engine_password']}@127.0.0.1:{engine_port}/metrics"
+interval_seconds = 1
+
 [remediation]
 cooldown_seconds = 0
+max_concurrent = 4
 
 [remediation.flush]
 enabled = true

@@ -31,8 +31,8 @@ def test_every_planted_secret_is_masked_for_display(plant):
     text = json.dumps(shown)
     assert [k for k, v in s.items() if v in text] == []
     # What is no secret stays readable: hosts, header names, the rest of argv.
-    eng = shown["engines"][0]
-    assert eng["url"] == "http://***@127.0.0.1:8000/metrics"
+    eng, basic = shown["engines"]
+    assert basic["url"] == "http://***@127.0.0.1:8000/metrics"
     assert eng["headers"] == {"X-Api-Key": "***"} and eng["bearer_token"] == "***"
     ex = shown["remediation"]["exec"]
     assert ex["argv"][3:] == ["--token", "***"] and ex["env"] == {"HOOK_TOKEN": "***"}
