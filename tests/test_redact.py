@@ -113,3 +113,45 @@ def test_config_errors_never_print_url_credentials(tmp_path):
     assert "engines[0]: url" in r.stderr and "ftp://***@h/metrics" in r.stderr
     assert "hunter2secret" not in r.stderr + r.stdout
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_api_state_document_is_scrubbed(plant):
+    from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
+    from gpuwatch.exporter.state_json import state_document
+
+    s, cfg = plant
+    snap = Snapshot(config=cfg, sources={"engine:x": SourceStatus(
+        up=False, reason="GET http://u:stateleak9f2@h/metrics: refused")})
+    text = json.dumps(state_document(snap))
+    assert "stateleak9f2" not in text and "http://***@h/metrics" in text
+    assert [k for k, v in s.items() if v in text] == []
+
+
+def test_remediation_records_are_scrubbed_of_its_own_secrets(tmp_path):
+    import asyncio
+
+    from gpuwatch.remediation.audit import read_records
+    from gpuwatch.remediation.config import (
+        AuditConfig,
+        ExecConfig,
+        RemediationConfig,
+        WebhookConfig,
+    )
+    from gpuwatch.remediation.remediator import Remediator
+
+    secret = "remediationonly" + tmp_path.name[-6:]
+    config = RemediationConfig(exec=ExecConfig(argv=["/bin/true", secret], secret_args=[1]),
+                               audit=AuditConfig(path=str(tmp_path / "audit.jsonl")))
+
+    async def go():
+        rem = Remediator(config, WebhookConfig(), probe_dir="")
+        ev = rem._final("exec", "t", "failed", f"hook printed {secret}", "policy",
+                        {"argv": ["/bin/true", secret], "tail": f"x{secret}x"})
+        await rem.close()
+        return ev
+    ev = asyncio.run(go())
+    assert secret not in json.dumps([ev.reason, ev.detail])
+    assert ev.detail["argv"] == ["/bin/true", "***"]
+    audit = tmp_path / "audit.jsonl"
+    assert secret not in audit.read_text()
+    assert any(r.get("reason") == "hook printed ***" for r in read_records(audit))
