@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -47,6 +48,7 @@ class Daemon:
         redact.remember(cfg)
         self.config = cfg
         self.web = web
+        self.guard: webconfig.Guard | None = None
         self.config_path = config_path
         self.overrides = overrides or {}
         self.host = socket.gethostname()
@@ -225,6 +227,8 @@ class Daemon:
                 log.info("signals rebuilt from the new configuration (windows restart)")
         if (new.engines, new.discovery) != (old.engines, old.discovery):
             self._start_engines()
+        if self.guard is not None and new.web_config == old.web_config:
+            self._reload_web(new.web_config)
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             try:
@@ -236,6 +240,18 @@ class Daemon:
                     self.config, remediation=old.remediation, webhook=old.webhook)
         log.info("configuration reloaded")
         return True
+
+    def _reload_web(self, path: str) -> None:
+        try:
+            wc = webconfig.load(path)
+            restart = self.guard.update(wc)
+        except (webconfig.WebConfigError, ssl.SSLError, OSError) as exc:
+            log.error("web config reload rejected, keeping the current one: %s", exc)
+            return
+        if restart:
+            log.warning("web config: %s changes need a restart", ", ".join(restart))
+        else:
+            log.info("web config reloaded")
 
     # -- running ----------------------------------------------------------------------
     def _open_outputs(self) -> None:
@@ -259,7 +275,8 @@ class Daemon:
         try:
             if self.web is None and self.config.web_config:
                 self.web = webconfig.load(self.config.web_config)
-            tls = webconfig.ssl_context(self.web) if self.web is not None else None
+            if self.web is not None:
+                self.guard = webconfig.Guard(self.web)
         except webconfig.WebConfigError as exc:
             log.error("%s", exc)
             return 2
@@ -269,8 +286,12 @@ class Daemon:
             log.error("remediation: %s", exc)
             return 2
         routes = self.remediator.routes()
+        tls = None
+        if self.guard is not None:
+            self.guard.bearer = frozenset(r.path for r in routes)  # they check their own token
+            tls = self.guard.context
         app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
-                       web_config=self.web, bearer_paths=[r.path for r in routes])
+                       guard=self.guard)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True,

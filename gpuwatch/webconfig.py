@@ -282,24 +282,44 @@ def _parse_basic(header: str) -> tuple[str, str] | None:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def middleware(wc: WebConfig, bearer_paths: Iterable[str] = ()):
-    """An aiohttp middleware that puts basic auth and the configured headers on every route,
-    present and future. Paths in bearer_paths (the Alertmanager webhook) may instead carry a
-    bearer token, which their handler checks: Alertmanager sends one credential, not two."""
-    auth = BasicAuth(wc.users) if wc.users else None
-    bearer = frozenset(bearer_paths)
-    extra = dict(wc.headers)
+class Guard:
+    """Basic auth and the configured headers on every route, present and future, as an aiohttp
+    middleware; TLS is the listening site's context. Paths in bearer_paths (the Alertmanager
+    webhook) may instead carry a bearer token, which their handler checks: Alertmanager sends
+    one credential, not two. update() takes a reloaded file (SIGHUP): users, headers, and a
+    rotated certificate and key."""
+
+    def __init__(self, wc: WebConfig, bearer_paths: Iterable[str] = ()) -> None:
+        self.bearer = frozenset(bearer_paths)
+        self.wc = wc
+        self.auth = BasicAuth(wc.users) if wc.users else None
+        self.context = ssl_context(wc)
+
+    def update(self, wc: WebConfig) -> list[str]:
+        """Take what can change while serving; returns what needs a restart instead."""
+        old = self.wc.tls
+        new = wc.tls
+        restart = []
+        if (old is None) != (new is None) or (old and new and (
+                old.client_auth_type, old.client_ca_file, old.min_version, old.max_version) != (
+                new.client_auth_type, new.client_ca_file, new.min_version, new.max_version)):
+            restart.append("tls_server_config (other than cert_file/key_file)")
+        elif new is not None and self.context is not None:
+            # New connections get the new certificate; open ones keep theirs.
+            self.context.load_cert_chain(new.cert_file, new.key_file)
+        self.wc = wc
+        self.auth = BasicAuth(wc.users) if wc.users else None
+        return restart
 
     @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        auth, extra = self.auth, self.wc.headers
         header = request.headers.get("Authorization", "")
         if auth is not None and not (
-                request.path in bearer and header[:7].lower() == "bearer ") and not (
+                request.path in self.bearer and header[:7].lower() == "bearer ") and not (
                 await auth.check(header)):
             return web.Response(status=401, text="401 Unauthorized: basic auth required\n",
                                 headers={"WWW-Authenticate": 'Basic realm="gpuwatch"', **extra})
         response = await handler(request)
         response.headers.update(extra)
         return response
-
-    return guard

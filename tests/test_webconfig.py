@@ -5,6 +5,11 @@ basic auth, curl with and without credentials, and mTLS with and without a clien
 from __future__ import annotations
 
 import asyncio
+import base64
+import shutil
+import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -13,6 +18,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
+from cryptography import x509
 
 from gpuwatch import webconfig
 from gpuwatch.webconfig import WebConfigError
@@ -129,7 +135,6 @@ def test_basic_auth_pays_bcrypt_once_per_credential(pki, monkeypatch):
 
 
 def basic(user: str, password: str) -> str:
-    import base64
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
@@ -211,3 +216,45 @@ def test_api_state_can_be_turned_off(daemon, tmp_path):
     status, body = d.get("/api/state")
     assert status == 404 and body == b"/api/state is off ([http] api_state = false)\n"
     assert d.get("/metrics")[0] == 200
+
+
+
+@pytest.mark.integration
+def test_sighup_reloads_users_and_a_rotated_certificate(daemon, tmp_path):
+    ca = CA(tmp_path, "ca")
+    ca.issue("server", server=True)
+    first = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    web = write_web(tmp_path / "web.yml", tls_doc({"hash": first}))
+    d = daemon("--simulate", "steady", "--web-config", str(web), wait_ready=False)
+    d.https = f"https://{d.address}"
+    cacert = ["--cacert", str(ca.crt)]
+    wait_https(d, *cacert, "-u", f"{USER}:{PASSWORD}")
+    before = served_cert(d.address, ca.crt)
+    # Rotate the certificate and key under the same names; a new user replaces the old one.
+    new_crt, new_key = ca.issue("rotated", server=True)
+    shutil.copy(new_crt, tmp_path / "server.crt")
+    shutil.copy(new_key, tmp_path / "server.key")
+    second = bcrypt.hashpw(b"second-pass", bcrypt.gensalt(rounds=10)).decode()
+    write_web(web, {**tls_doc({"hash": first}), "basic_auth_users": {"second": second}})
+    d.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "web config reloaded" in d.output(), 10, what="reload")
+    assert curl(d.https + "/metrics", *cacert, "-u", "second:second-pass") == (0, "200")
+    assert curl(d.https + "/metrics", *cacert, "-u", f"{USER}:{PASSWORD}") == (0, "401")
+    after = served_cert(d.address, ca.crt)
+    rotated = x509.load_pem_x509_certificate(new_crt.read_bytes())
+    assert before != after
+    assert x509.load_der_x509_certificate(after).serial_number == rotated.serial_number
+    # A broken file keeps what is served, and says why.
+    web.write_text("tls_server_config: {cert_file: gone.crt, key_file: gone.key}\n")
+    d.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "web config reload rejected" in d.output(), 10, what="rejection")
+    assert curl(d.https + "/metrics", *cacert, "-u", "second:second-pass") == (0, "200")
+
+
+def served_cert(address: str, ca: Path) -> bytes:
+    """The DER certificate the daemon presents to a new connection."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock, ctx.wrap_socket(
+            sock, server_hostname=host) as tls:
+        return tls.getpeercert(binary_form=True)

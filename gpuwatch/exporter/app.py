@@ -13,7 +13,7 @@ from gpuwatch import __version__
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.state_json import state_document
-from gpuwatch.webconfig import WebConfig, middleware
+from gpuwatch.webconfig import Guard
 
 LANDING = """<!doctype html><html><head><title>gpuwatch</title></head><body>
 <h1>gpuwatch {version}</h1><p>{status}</p><ul>
@@ -27,12 +27,11 @@ _json = msgspec.json.Encoder()
 
 
 def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = None,
-             extra_routes: Iterable[web.RouteDef] = (), *, web_config: WebConfig | None = None,
-             bearer_paths: Iterable[str] = ()) -> web.Application:
+             extra_routes: Iterable[web.RouteDef] = (), *,
+             guard: Guard | None = None) -> web.Application:
     """renderer: shared with the daemon, which renders each new state as it publishes it,
-    so a scrape only copies bytes. web_config: basic auth and headers on every route, as a
-    middleware, so routes added later are covered too (TLS is the listening site's);
-    bearer_paths check their own bearer token instead of basic auth."""
+    so a scrape only copies bytes. guard: basic auth and headers on every route, as a
+    middleware, so routes added later are covered too."""
     renderer = renderer or Renderer()
 
     async def metrics(request: web.Request) -> web.Response:
@@ -62,10 +61,8 @@ def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = N
         page = LANDING.format(version=__version__, status=html.escape(status))
         return web.Response(text=page, content_type="text/html")
 
-    middlewares = []
-    if web_config is not None:
-        middlewares.append(middleware(web_config, bearer_paths))
-    app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
+    app = web.Application(client_max_size=1024 * 1024,
+                          middlewares=[guard.middleware] if guard is not None else [])
     app.add_routes([
         web.get("/metrics", metrics),
         web.get("/healthz", healthz),
