@@ -37,8 +37,9 @@ SECRET_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 _SEGMENT = re.compile(r"([^.\[]+)(?:\[([a-z_]*)\])?")
-# scheme://userinfo@ anywhere in a text; the userinfo stops at the first '/', '?', '#' or space.
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s@]+@")
+# scheme://userinfo@ anywhere in a text: up to the authority's last '@', as urlsplit reads it
+# (a raw '@' in a password must not leave its tail behind).
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s]*@")
 
 
 def mask_url(url: str) -> str:

@@ -11,6 +11,8 @@ import sys
 import tomllib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuwatch import redact
 from gpuwatch.config import ConfigError, _convert, load
@@ -155,3 +157,14 @@ def test_remediation_records_are_scrubbed_of_its_own_secrets(tmp_path):
     audit = tmp_path / "audit.jsonl"
     assert secret not in audit.read_text()
     assert any(r.get("reason") == "hook printed ***" for r in read_records(audit))
+
+
+USERINFO = "abcXYZ019-._~!$&'()*+,;=:%@"
+
+
+@given(st.text(USERINFO, min_size=1, max_size=40), st.sampled_from(["", "/metrics", "?q=1"]))
+def test_mask_url_hides_any_userinfo(userinfo, rest):
+    url = f"https://{userinfo}@gpu-host:8000{rest}"
+    assert redact.mask_url(url) == f"https://***@gpu-host:8000{rest}"
+    assert redact.mask_url(f"see {url} now") == f"see https://***@gpu-host:8000{rest} now"
+    assert redact.strip_userinfo(url) == f"https://gpu-host:8000{rest}"
