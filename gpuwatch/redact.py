@@ -39,12 +39,14 @@ SECRET_FIELDS: tuple[tuple[str, str], ...] = (
 _SEGMENT = re.compile(r"([^.\[]+)(?:\[([a-z_]*)\])?")
 # scheme://userinfo@ anywhere in a text: up to the authority's last '@', as urlsplit reads it
 # (a raw '@' in a password must not leave its tail behind).
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s]*@")
+# Quotes, backslashes and angle brackets cannot be in a userinfo: they end it in JSON and prose.
+# Anchored on the literal "://", which the regex engine finds fast in a large document.
+_URL_USERINFO = re.compile(r"://[^/?#\s\"\\<>]*@")
 
 
 def mask_url(url: str) -> str:
     """The URL with its userinfo (user and password) replaced by the mask."""
-    return _URL_USERINFO.sub(rf"\1{MASK}@", url)
+    return _URL_USERINFO.sub(f"://{MASK}@", url)
 
 
 def strip_userinfo(url: str) -> str:
@@ -189,6 +191,18 @@ def _scrub(obj: Any, order: tuple[str, ...]) -> Any:
     if isinstance(obj, list | tuple):
         return [_scrub(v, order) for v in obj]
     return obj
+
+
+def scrub_json(data: bytes, secrets: Iterable[str] | None = None) -> bytes:
+    """A JSON document scrubbed as one text: much faster than walking a large document
+    string by string. Secrets are also looked for in their JSON-escaped form."""
+    order = _secret_order(secrets)
+    escaped = tuple(_json.encode(s)[1:-1].decode() for s in order)
+    text = scrub_text(data.decode(), tuple(dict.fromkeys((*order, *escaped))))
+    return text.encode()
+
+
+_json = msgspec.json.Encoder()
 
 
 class LogScrubber(logging.Filter):
