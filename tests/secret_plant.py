@@ -17,7 +17,10 @@ def planted() -> dict[str, str]:
 def config_toml(s: dict[str, str], *, engine_port: int, flush_port: int, extra: str = "") -> str:
     """Engines 'inference' (header, bearer token) and 'inference-basic' (URL userinfo) at
     engine_port, a flush endpoint at flush_port; an exec hook that prints its secrets."""
-    hook = ("import os, sys; print(os.environ['HOOK_TOKEN'], sys.argv[2]); "
+    # The digest shows that the hook got the real values; the values themselves must not
+    # come out of the daemon.
+    hook = ("import hashlib, os, sys; v = os.environ['HOOK_TOKEN'] + sys.argv[2]; "
+            "print(hashlib.sha256(v.encode()).hexdigest(), os.environ['HOOK_TOKEN'], sys.argv[2]); "
             "print(sys.argv[2], os.environ['HOOK_TOKEN'], file=sys.stderr)")
     return f"""
 {extra}

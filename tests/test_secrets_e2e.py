@@ -9,6 +9,7 @@ the recording, and every file in the state directory (audit log, snapshots)."""
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import signal
@@ -100,7 +101,8 @@ def test_no_planted_secret_appears_in_any_output(daemon, tmp_path, dry_run):
         else:
             # The hook saw the real values (it printed them) and the record shows masks.
             assert done["exec"]["result"] == "ok", done["exec"]
-            assert done["exec"]["detail"]["stdout_tail"] == "*** ***\n"
+            digest = hashlib.sha256((s["exec_env"] + s["exec_arg"]).encode()).hexdigest()
+            assert done["exec"]["detail"]["stdout_tail"] == f"{digest} *** ***\n"
             assert done["flush"]["result"] == "failed"
             assert "http://***@127.0.0.1" in done["flush"]["reason"]
             # The engine got its credentials: masking is on the way out only.
