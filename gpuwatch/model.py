@@ -18,9 +18,11 @@ class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     user: str = ""
     # compute | graphics | mps (a pid can appear in several lists; compute wins)
     type: str = "compute"
+    # Who runs it (gpuwatch.attribution), "" when unknown.
     pod: str = ""
     namespace: str = ""
     container: str = ""
+    slurm_job_id: str = ""
 
 
 class GpuSample(msgspec.Struct, omit_defaults=True, kw_only=True):

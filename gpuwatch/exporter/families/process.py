@@ -8,11 +8,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuwatch.exporter.snapshot import Snapshot
 
-PROCESS_LABELS = ["gpu", "uuid", "pid", "process"]
+# Every process series carries these, attribution included ("" when unknown), so that
+# queries join and aggregate by pod or job without a second lookup. Build label values
+# with process_labels() only.
+ATTRIBUTION_LABELS = ["namespace", "pod", "container", "slurm_job_id"]
+PROCESS_LABELS = ["gpu", "uuid", "pid", "process", *ATTRIBUTION_LABELS]
 
 
 def process_labels(gpu, proc) -> list[str]:
-    return [str(gpu.index), gpu.uuid, str(proc.pid), proc.name]
+    return [str(gpu.index), gpu.uuid, str(proc.pid), proc.name,
+            *(getattr(proc, name) for name in ATTRIBUTION_LABELS)]
 
 
 def collect(snap: Snapshot) -> Iterator[Metric]:
@@ -25,7 +30,7 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     )
     info = GaugeMetricFamily(
         "gpuwatch_process_info", "Process identity on a GPU (value 1).",
-        labels=[*PROCESS_LABELS, "user", "type", "pod", "namespace", "container"],
+        labels=[*PROCESS_LABELS, "user", "type"],
     )
     start = GaugeMetricFamily(
         "gpuwatch_process_start_time_seconds", "Process start time (Unix seconds).",
@@ -34,7 +39,7 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     for g in snap.tick.gpus:
         for p in g.processes:
             lv = process_labels(g, p)
-            info.add_metric([*lv, p.user, p.type, p.pod, p.namespace, p.container], 1)
+            info.add_metric([*lv, p.user, p.type], 1)
             if p.used_memory_bytes is not None:
                 used.add_metric(lv, p.used_memory_bytes)
             if p.create_time is not None:

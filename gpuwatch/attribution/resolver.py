@@ -1,0 +1,94 @@
+"""One attribution pass over a set of pids: read their cgroups (and, for Slurm, the job id
+from the environment as a fallback), ask the kubelet, join. Blocking I/O: the daemon runs it
+on an executor thread, on a slow interval."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+from typing import Protocol
+
+from gpuwatch.attribution import cgroup, procfs
+from gpuwatch.attribution.join import Attribution, join
+from gpuwatch.attribution.podresources import (
+    DEFAULT_SOCKET,
+    ContainerDevices,
+    PodResourcesUnavailable,
+    list_containers,
+)
+
+
+class Host(Protocol):
+    """Where attribution reads from: the real /proc and kubelet, or a simulation."""
+
+    def cgroup(self, pid: int) -> str | None: ...
+
+    def slurm_job_from_environ(self, pid: int) -> str | None: ...
+
+    def owner_uid(self, pid: int) -> int | None: ...
+
+    def containers(self) -> list[ContainerDevices]:
+        """pod-resources' answer; raises PodResourcesUnavailable."""
+
+
+class ProcHost:
+    def __init__(self, proc_root: str = "/proc", podresources_socket: str = DEFAULT_SOCKET,
+                 timeout: float = 2.0) -> None:
+        self.proc_root = proc_root
+        self.socket = podresources_socket
+        self.timeout = timeout
+
+    def cgroup(self, pid: int) -> str | None:
+        return procfs.read_cgroup(self.proc_root, pid)
+
+    def slurm_job_from_environ(self, pid: int) -> str | None:
+        # Another user's environment is readable by root only; nobody else even tries.
+        if os.geteuid() != 0:
+            return None
+        return procfs.slurm_job_from_environ(self.proc_root, pid)
+
+    def owner_uid(self, pid: int) -> int | None:
+        return procfs.owner_uid(self.proc_root, pid)
+
+    def containers(self) -> list[ContainerDevices]:
+        if not self.socket:
+            raise PodResourcesUnavailable("pod-resources disabled (no socket configured)")
+        return list_containers(self.socket, self.timeout)
+
+
+@functools.lru_cache(maxsize=1024)
+def user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return None
+
+
+def resolve(host: Host, pid_gpus: dict[int, set[str]], *,
+            slurm_environ: bool = True) -> tuple[dict[int, Attribution], dict[str, str]]:
+    """-> (attribution by pid, problems by part: 'podresources' -> why it had no answer)."""
+    problems: dict[str, str] = {}
+    cgroups = {}
+    for pid in pid_gpus:
+        text = host.cgroup(pid)
+        if text is not None:
+            cgroups[pid] = cgroup.parse(text)
+    containers = None
+    try:
+        containers = host.containers()
+    except PodResourcesUnavailable as exc:
+        problems["podresources"] = str(exc)
+    out = join(pid_gpus, cgroups, containers)
+    for pid, att in out.items():
+        info = cgroups.get(pid)
+        if att.slurm_job_id is None and att.pod_uid is None and slurm_environ:
+            att.slurm_job_id = host.slurm_job_from_environ(pid)
+            if att.slurm_job_id:
+                att.source = f"{att.source}+environ" if att.source else "environ"
+        if att.slurm_job_id:
+            uid = info.slurm_uid if info is not None and info.slurm_uid is not None else None
+            if uid is None:
+                uid = host.owner_uid(pid)
+            att.slurm_job_user = user_name(uid) if uid is not None else None
+    return out, problems

@@ -1,0 +1,100 @@
+"""The daemon's attribution source: a cache of who runs each GPU process, refreshed on a
+slow interval on its own thread, applied to every sample's processes (a dict lookup per
+process). It fails soft: whatever part is missing (no kubelet socket, an unreadable /proc)
+leaves those labels empty, and its status says why."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+
+from gpuwatch.attribution.join import Attribution
+from gpuwatch.attribution.resolver import Host, resolve
+from gpuwatch.exporter.snapshot import SourceStatus
+from gpuwatch.model import GpuSample
+
+log = logging.getLogger("gpuwatch")
+
+Key = tuple[int, float | None]  # (pid, create time): a reused pid is another process
+
+
+class AttributionSource:
+    def __init__(self, host: Host, status: SourceStatus, *, refresh_seconds: float = 60.0,
+                 min_refresh_seconds: float = 5.0, slurm_environ: bool = True) -> None:
+        self.host = host
+        self.status = status
+        self.refresh_seconds = refresh_seconds
+        self.min_refresh_seconds = min_refresh_seconds
+        self.slurm_environ = slurm_environ
+        self.cache: dict[Key, Attribution] = {}
+        self._last: float | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, "gpuwatch-attribution")
+
+    def _due(self, keys: set[Key], now: float) -> bool:
+        if self._last is None:
+            return True
+        since = now - self._last
+        return since >= self.refresh_seconds or (
+            since >= self.min_refresh_seconds and not keys <= self.cache.keys())
+
+    async def update(self, gpus: list[GpuSample], now: float) -> None:
+        """Refresh when due (on the executor, never on the event loop), then label."""
+        keys = {(p.pid, p.create_time) for g in gpus for p in g.processes}
+        if keys and self._due(keys, now):
+            pid_gpus: dict[int, set[str]] = {}
+            for g in gpus:
+                for p in g.processes:
+                    pid_gpus.setdefault(p.pid, set()).add(g.uuid)
+            loop = asyncio.get_running_loop()
+            t0 = time.perf_counter()
+            try:
+                found, problems = await loop.run_in_executor(
+                    self._pool, lambda: resolve(self.host, pid_gpus,
+                                                slurm_environ=self.slurm_environ))
+            except Exception as exc:  # attribution never costs a sample
+                self.status.up, self.status.reason = False, f"attribution failed: {exc!r}"
+                self.status.errors_total += 1
+                log.exception("attribution failed")
+            else:
+                self.cache = {k: found[k[0]] for k in keys if k[0] in found}
+                self.status.up = True
+                self.status.reason = "; ".join(f"{k}: {v}" for k, v in problems.items())
+                self.status.last_success = now
+                self.status.last_duration_seconds = time.perf_counter() - t0
+            self._last = now
+        apply(gpus, self.cache)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def apply(gpus: list[GpuSample], cache: dict[Key, Attribution]) -> None:
+    for g in gpus:
+        for p in g.processes:
+            att = cache.get((p.pid, p.create_time))
+            if att is None:
+                continue
+            p.namespace, p.pod = att.namespace or "", att.pod or ""
+            p.container, p.slurm_job_id = att.container or "", att.slurm_job_id or ""
+
+
+def make_source(cfg, backend, sources: dict[str, SourceStatus]) -> AttributionSource | None:
+    """The daemon's attribution source, or None when it is off. A simulation attributes
+    only through its own simulated node: its pids are not this host's."""
+    a = cfg.attribution
+    if not a.enabled:
+        return None
+    if cfg.simulate:
+        host = getattr(backend, "attribution_host", lambda: None)()
+    else:
+        from gpuwatch.attribution.resolver import ProcHost
+
+        host = ProcHost(cfg.proc_root, a.podresources_socket, a.timeout_seconds)
+    if host is None:
+        return None
+    status = sources.setdefault("attribution", SourceStatus())
+    return AttributionSource(host, status, refresh_seconds=a.refresh_seconds,
+                             min_refresh_seconds=a.min_refresh_seconds,
+                             slurm_environ=a.slurm_environ)
