@@ -10,6 +10,7 @@ import click
 
 from gpuwatch import __version__
 from gpuwatch import config as config_mod
+from gpuwatch.attribution.cli import attribution as attribution_command
 from gpuwatch.monitoring.cli import alerts as alerts_command
 from gpuwatch.monitoring.cli import dashboards as dashboards_command
 from gpuwatch.thresholds.cli import thresholds as thresholds_command
@@ -44,6 +45,7 @@ def main() -> None:
 main.add_command(dashboards_command)
 main.add_command(alerts_command)
 main.add_command(thresholds_command)
+main.add_command(attribution_command)
 
 
 @main.command()

@@ -13,6 +13,8 @@ The path shapes come from the code that creates the cgroups:
   Docker's `docker`; runc's systemd driver builds `<prefix>-<name>.scope`); with cgroupfs the
   bare 64-hex id (containerd, Docker) or `crio-<id>` (CRI-O). CRI-O's monitor runs in
   `crio-conmon-<id>.scope`: that is conmon, not the container.
+- containerd's systemd driver on cgroup v1 hosts may show the unexpanded `<slice>:<prefix>:<id>`
+  triple as one path component.
 - Slurm's cgroup plugins: v1 `/slurm/uid_<uid>/job_<job>/step_<step>[/task_<n>]` (the root
   may be `slurm_<node>` on multi-slurmd hosts), v2 `/system.slice/slurmstepd.scope/
   job_<job>/step_<step>/user/task_<n>`.
@@ -66,7 +68,7 @@ class CgroupInfo:
 
 def parse_path(path: str) -> CgroupInfo:
     """One cgroup path (as in /proc/<pid>/cgroup) -> what it says about the process."""
-    parts = [p for p in path.strip().split("/") if p]
+    parts = [q for p in path.strip().split("/") if p for q in _expand(p)]
     fields: dict = {"path": path}
     pod_at = None
     for i, part in enumerate(parts):
@@ -93,6 +95,15 @@ def parse_path(path: str) -> CgroupInfo:
     if units:
         fields["systemd_unit"] = units[-1]
     return CgroupInfo(**fields)
+
+
+def _expand(part: str) -> list[str]:
+    """containerd's systemd driver on cgroup v1 can leave its `slice:prefix:id` triple in the
+    path as one component (seen on real nodes): read it as the slice and the scope."""
+    pieces = part.split(":")
+    if len(pieces) == 3 and all(pieces):
+        return [pieces[0], f"{pieces[1]}-{pieces[2]}.scope"]
+    return [part]
 
 
 def _under_docker(parts: list[str], part: str) -> bool:
