@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import msgspec
 
+# ProcessSample fields that say who runs the process: labels of every process series and
+# fields of its events.
+ATTRIBUTION_FIELDS = ("namespace", "pod", "container", "slurm_job_id")
+
 
 class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     pid: int

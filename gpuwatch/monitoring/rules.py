@@ -157,8 +157,12 @@ def _new_or_increased(metric: str, window: str) -> str:
 def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
     j = f'job="{p.job}"'
     ident = "{{ $labels.instance }} GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
-    proc = ("process {{ $labels.process }} (pid {{ $labels.pid }}) on {{ $labels.instance }} "
-            "GPU {{ $labels.gpu }}")
+    # Who runs it, when gpuwatch knows: "pod X in namespace Y", the container, the Slurm job.
+    who = ("{{ if $labels.pod }}, pod {{ $labels.pod }} in namespace {{ $labels.namespace }}"
+           "{{ if $labels.container }}, container {{ $labels.container }}{{ end }}{{ end }}"
+           "{{ if $labels.slurm_job_id }}, Slurm job {{ $labels.slurm_job_id }}{{ end }}")
+    proc = (f"process {{{{ $labels.process }}}} (pid {{{{ $labels.pid }}}}{who}) on "
+            "{{ $labels.instance }} GPU {{ $labels.gpu }}")
     eng = "engine {{ $labels.engine }} ({{ $labels.model }}) on {{ $labels.instance }}"
     app_xids = "|".join(str(x) for x in APPLICATION_XIDS)
     xid = f'gpuwatch_gpu_xid_errors_total{{{j},xid!~"{app_xids}"}}'

@@ -7,17 +7,17 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.model import ATTRIBUTION_FIELDS
 
 # Every process series carries these, attribution included ("" when unknown), so that
 # queries join and aggregate by pod or job without a second lookup. Build label values
 # with process_labels() only.
-ATTRIBUTION_LABELS = ["namespace", "pod", "container", "slurm_job_id"]
-PROCESS_LABELS = ["gpu", "uuid", "pid", "process", *ATTRIBUTION_LABELS]
+PROCESS_LABELS = ["gpu", "uuid", "pid", "process", *ATTRIBUTION_FIELDS]
 
 
 def process_labels(gpu, proc) -> list[str]:
     return [str(gpu.index), gpu.uuid, str(proc.pid), proc.name,
-            *(getattr(proc, name) for name in ATTRIBUTION_LABELS)]
+            *(getattr(proc, name) for name in ATTRIBUTION_FIELDS)]
 
 
 def collect(snap: Snapshot) -> Iterator[Metric]:
