@@ -69,8 +69,9 @@ class Pipeline:
         live = {(g.uuid, p.pid): p for g in tick.gpus for p in g.processes}
         for ev in events:
             if ev.pid is None:
-                continue
-            proc = live.get((ev.gpu_uuid, ev.pid)) or self._seen.get((ev.gpu_uuid, ev.pid))
+                proc = self._sole_owner(tick, ev.gpu_uuid)
+            else:
+                proc = live.get((ev.gpu_uuid, ev.pid)) or self._seen.get((ev.gpu_uuid, ev.pid))
             if proc is None:
                 continue
             for name in ATTRIBUTION_FIELDS:
@@ -78,6 +79,13 @@ class Pipeline:
                     setattr(ev, name, getattr(proc, name))
         if tick.gpus:
             self._seen = live
+
+    @staticmethod
+    def _sole_owner(tick: Tick, uuid: str | None) -> ProcessSample | None:
+        """A GPU event names the owner when every process on the GPU has the same one."""
+        procs = next((g.processes for g in tick.gpus if g.uuid == uuid), [])
+        owners = {tuple(getattr(p, f) for f in ATTRIBUTION_FIELDS) for p in procs}
+        return procs[0] if len(owners) == 1 else None
 
     def _prune(self, tick: Tick) -> None:
         """Forget GPUs and processes that are no longer there, so their series disappear."""
