@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import REPO, wait_until
 from tests.test_monitoring_integration import FAST_LIFECYCLE, _rule_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,6 +50,15 @@ def test_every_process_series_event_and_alert_names_its_pod(daemon, prometheus, 
     assert {s["namespace"] for s in series} == {"serving", "research"}
     assert {s["pod"] for s in series if s["gpu"] == "1"} == {"llama-70b-7c9f",
                                                             "embedder-5d8f9"}
+
+    # the Workloads dashboard's per-pod panels, with the namespace variable set
+    dash = json.loads((REPO / "dashboards" / "gpuwatch-workloads.json").read_text())
+    per_pod = next(p for p in dash["panels"] if p["title"] == "GPU memory per pod")
+    expr = (per_pod["targets"][0]["expr"].replace("$job", "gpuwatch")
+            .replace("$instance", d.address).replace("$namespace", "research")
+            .replace("$pod", ".*"))
+    pods = {r["metric"]["pod"]: float(r["value"][1]) for r in prom.query(expr)}
+    assert set(pods) == {"embedder-5d8f9", "tokenizer-6b7d4"} and min(pods.values()) > 0
 
     # the daemon's own events name the pod too (log and /api/state)
     state = d.state()
