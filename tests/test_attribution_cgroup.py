@@ -116,6 +116,11 @@ SAMPLES = [
     ("a login session (user slice, cgroup v2)",
      "0::/user.slice/user-1000.slice/session-3.scope\n",
      dict(systemd_unit="session-3.scope", pod_uid=None)),
+    ("kernel Documentation/admin-guide/cgroup-v2.rst, cgroup namespaces: seen from a pod with "
+     "its own cgroup namespace (gpuwatch itself with hostPID), other cgroups read as /../..",
+     "0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod0125ec2f_b64a_4868_8f5b_"
+     f"94b56cbab864.slice/cri-containerd-{C3}.scope\n",
+     dict(pod_uid="0125ec2f-b64a-4868-8f5b-94b56cbab864", container_id=C3, qos="besteffort")),
     ("a container's own view with a private cgroup namespace: nothing to say",
      "0::/\n", dict(pod_uid=None, container_id=None, systemd_unit=None)),
 ]
