@@ -298,3 +298,39 @@ def test_source_fails_soft_and_says_why(tmp_path):
     src.close()
     assert gpus[0].processes[0].pod == "" and status.up
     assert "no pod-resources socket" in status.reason
+
+
+def test_on_a_slurm_node_every_process_names_its_job(tmp_path):
+    """cgroup v1 and v2 job paths, the SLURM_JOB_ID fallback, and dcgm-exporter's job-mapping
+    files: every process series carries slurm_job_id."""
+    from gpuwatch.exporter.families import process as process_family
+    from gpuwatch.exporter.snapshot import Snapshot
+    from gpuwatch.model import Tick
+
+    root = fake_proc(tmp_path / "proc", {
+        401: ("4:memory:/slurm/uid_0/job_4242/step_0/task_0\n", None),
+        402: ("0::/system.slice/slurmstepd.scope/job_77/step_3/user/task_1\n", None),
+        403: ("0::/user.slice/user-0.slice/session-9.scope\n", b"SLURM_JOB_ID=5512\0"),
+        404: ("0::/system.slice/sshd.service\n", b"HOME=/root\0"),
+    })
+    mapping = tmp_path / "hpc-jobs"
+    mapping.mkdir()
+    (mapping / "3").write_text("job-2026-01\n")  # GPU index 3 runs one job
+    (mapping / "2").write_text("a\nb\n")  # two jobs share GPU 2: no single answer
+    (mapping / "README").write_text("not a GPU index")
+    gpus = [GpuSample(index=i, uuid=f"GPU-{i}", processes=[ProcessSample(pid=p, create_time=1.0)])
+            for i, p in enumerate((401, 402, 403, 404))]
+    gpus.append(GpuSample(index=4, uuid="GPU-4", processes=[ProcessSample(pid=404,
+                                                                           create_time=1.0)]))
+    src = AttributionSource(ProcHost(str(root), "", job_mapping_dir=str(mapping)),
+                            SourceStatus())
+    asyncio.run(src.update(gpus, 1.0))
+    src.close()
+    jobs = {(g.index, p.pid): p.slurm_job_id for g in gpus for p in g.processes}
+    # 404 is on GPU 3 (one job) and GPU 4 (no file): the one job
+    assert jobs == {(0, 401): "4242", (1, 402): "77", (2, 403): "5512", (3, 404): "job-2026-01",
+                    (4, 404): "job-2026-01"}
+    assert src.cache[(401, 1.0)].slurm_job_user == "root"  # uid_0 in the path
+    fams = {m.name: m for m in process_family.collect(Snapshot(tick=Tick(t=1.0, gpus=gpus)))}
+    samples = fams["gpuwatch_process_info"].samples
+    assert len(samples) == 5 and all(s.labels["slurm_job_id"] for s in samples)

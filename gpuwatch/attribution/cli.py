@@ -28,8 +28,9 @@ def _pid_gpus(values: tuple[str, ...]) -> dict[int, set[str]]:
     return out
 
 
-def _nvml_pid_gpus() -> dict[int, set[str]]:
-    """The GPUs each process uses, as the daemon sees them; empty without a driver."""
+def _nvml_pid_gpus() -> tuple[dict[int, set[str]], dict[str, int]]:
+    """The GPUs each process uses, as the daemon sees them, and GPU indices by uuid; empty
+    without a driver."""
     from gpuwatch.sources.base import BackendUnavailable
     from gpuwatch.sources.nvml import NvmlBackend
 
@@ -37,15 +38,16 @@ def _nvml_pid_gpus() -> dict[int, set[str]]:
     try:
         backend.open()
     except BackendUnavailable:
-        return {}
+        return {}, {}
     try:
         out: dict[int, set[str]] = {}
-        for g in backend.sample(0.0):
+        gpus = backend.sample(0.0)
+        for g in gpus:
             for p in g.processes:
                 out.setdefault(p.pid, set()).add(g.uuid)
-        return out
+        return out, {g.uuid: g.index for g in gpus}
     except Exception:  # a CLI lookup: no GPU view is still an answer
-        return {}
+        return {}, {}
     finally:
         backend.close()
 
@@ -76,10 +78,11 @@ def attribution(pids, config_file, proc_root, podresources_socket, pid_gpu) -> N
         click.echo(f"gpuwatch: configuration error: {exc}", err=True)
         sys.exit(2)
     a = cfg.attribution
-    seen = {} if given else _nvml_pid_gpus()
+    seen, index = ({}, {}) if given else _nvml_pid_gpus()
     pid_gpus = {pid: given.get(pid) or seen.get(pid, set()) for pid in wanted}
-    host = ProcHost(cfg.proc_root, a.podresources_socket, a.timeout_seconds)
-    found, problems = resolve(host, pid_gpus, slurm_environ=a.slurm_environ)
+    host = ProcHost(cfg.proc_root, a.podresources_socket, a.timeout_seconds,
+                    a.hpc_job_mapping_dir)
+    found, problems = resolve(host, pid_gpus, slurm_environ=a.slurm_environ, gpu_index=index)
     for why in problems.values():
         click.echo(f"gpuwatch: {why}", err=True)
     for pid in wanted:

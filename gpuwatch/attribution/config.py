@@ -20,3 +20,5 @@ class AttributionConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=30)] = 2.0
     # SLURM_JOB_ID from /proc/<pid>/environ when the cgroup names no job (root only).
     slurm_environ: bool = True
+    # dcgm-exporter's HPC job-mapping directory (files named by GPU index list its jobs).
+    hpc_job_mapping_dir: str = ""

@@ -98,12 +98,12 @@ def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
             named = cid_name.get((att.pod_uid, att.container_id or ""))
             if named is not None:
                 att.container = named[1]
-            att.source = _add(att.source, "podresources")
+            att.source = add_source(att.source, "podresources")
         elif att.pod_uid is None and not att.slurm_job_id and pid_gpus[pid]:
             owners = {h for g in pid_gpus[pid] for h in holders.get(g, ())}
             if len(owners) == 1:
                 att.namespace, att.pod, att.container = next(iter(owners))
-                att.source = _add(att.source, "podresources")
+                att.source = add_source(att.source, "podresources")
     return out
 
 
@@ -118,7 +118,7 @@ def _from_cgroup(pid: int, info: CgroupInfo | None) -> Attribution:
     return att
 
 
-def _add(source: str | None, more: str) -> str:
+def add_source(source: str | None, more: str) -> str:
     return more if not source else f"{source}+{more}"
 
 

@@ -10,7 +10,8 @@ import pwd
 from typing import Protocol
 
 from gpuwatch.attribution import cgroup, procfs
-from gpuwatch.attribution.join import Attribution, join
+from gpuwatch.attribution.hpc import read_job_mapping
+from gpuwatch.attribution.join import Attribution, add_source, join
 from gpuwatch.attribution.podresources import (
     DEFAULT_SOCKET,
     ContainerDevices,
@@ -31,13 +32,20 @@ class Host(Protocol):
     def containers(self) -> list[ContainerDevices]:
         """pod-resources' answer; raises PodResourcesUnavailable."""
 
+    def gpu_jobs(self) -> dict[int, list[str]]:
+        """GPU index -> batch jobs on it (an HPC job-mapping directory), {} when none."""
+
 
 class ProcHost:
     def __init__(self, proc_root: str = "/proc", podresources_socket: str = DEFAULT_SOCKET,
-                 timeout: float = 2.0) -> None:
+                 timeout: float = 2.0, job_mapping_dir: str = "") -> None:
         self.proc_root = proc_root
         self.socket = podresources_socket
         self.timeout = timeout
+        self.job_mapping_dir = job_mapping_dir
+
+    def gpu_jobs(self) -> dict[int, list[str]]:
+        return read_job_mapping(self.job_mapping_dir) if self.job_mapping_dir else {}
 
     def cgroup(self, pid: int) -> str | None:
         return procfs.read_cgroup(self.proc_root, pid)
@@ -65,9 +73,11 @@ def user_name(uid: int) -> str | None:
         return None
 
 
-def resolve(host: Host, pid_gpus: dict[int, set[str]], *,
-            slurm_environ: bool = True) -> tuple[dict[int, Attribution], dict[str, str]]:
-    """-> (attribution by pid, problems by part: 'podresources' -> why it had no answer)."""
+def resolve(host: Host, pid_gpus: dict[int, set[str]], *, slurm_environ: bool = True,
+            gpu_index: dict[str, int] | None = None
+            ) -> tuple[dict[int, Attribution], dict[str, str]]:
+    """-> (attribution by pid, problems by part: 'podresources' -> why it had no answer).
+    gpu_index (uuid -> index) lets the HPC job-mapping files, named by index, speak."""
     problems: dict[str, str] = {}
     cgroups = {}
     for pid in pid_gpus:
@@ -80,12 +90,18 @@ def resolve(host: Host, pid_gpus: dict[int, set[str]], *,
     except PodResourcesUnavailable as exc:
         problems["podresources"] = str(exc)
     out = join(pid_gpus, cgroups, containers)
+    by_index = host.gpu_jobs() if gpu_index else {}
     for pid, att in out.items():
         info = cgroups.get(pid)
         if att.slurm_job_id is None and att.pod_uid is None and slurm_environ:
             att.slurm_job_id = host.slurm_job_from_environ(pid)
             if att.slurm_job_id:
-                att.source = f"{att.source}+environ" if att.source else "environ"
+                att.source = add_source(att.source, "environ")
+        if att.slurm_job_id is None and att.pod_uid is None and by_index:
+            jobs = {j for u in pid_gpus[pid] for j in by_index.get(gpu_index.get(u, -1), ())}
+            if len(jobs) == 1:
+                att.slurm_job_id = jobs.pop()
+                att.source = add_source(att.source, "job-mapping")
         if att.slurm_job_id:
             uid = info.slurm_uid if info is not None and info.slurm_uid is not None else None
             if uid is None:

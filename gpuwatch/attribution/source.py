@@ -44,6 +44,7 @@ class AttributionSource:
         keys = {(p.pid, p.create_time) for g in gpus for p in g.processes}
         if keys and self._due(keys, now):
             pid_gpus: dict[int, set[str]] = {}
+            index = {g.uuid: g.index for g in gpus}
             for g in gpus:
                 for p in g.processes:
                     pid_gpus.setdefault(p.pid, set()).add(g.uuid)
@@ -51,7 +52,7 @@ class AttributionSource:
             t0 = time.perf_counter()
             try:
                 found, problems = await loop.run_in_executor(
-                    self._pool, lambda: resolve(self.host, pid_gpus,
+                    self._pool, lambda: resolve(self.host, pid_gpus, gpu_index=index,
                                                 slurm_environ=self.slurm_environ))
             except Exception as exc:  # attribution never costs a sample
                 self.status.up, self.status.reason = False, f"attribution failed: {exc!r}"
@@ -91,7 +92,8 @@ def make_source(cfg, backend, sources: dict[str, SourceStatus]) -> AttributionSo
     else:
         from gpuwatch.attribution.resolver import ProcHost
 
-        host = ProcHost(cfg.proc_root, a.podresources_socket, a.timeout_seconds)
+        host = ProcHost(cfg.proc_root, a.podresources_socket, a.timeout_seconds,
+                        a.hpc_job_mapping_dir)
     if host is None:
         return None
     status = sources.setdefault("attribution", SourceStatus())

@@ -65,6 +65,9 @@ class SimulatedNode:
     def owner_uid(self, pid: int) -> int | None:
         return None
 
+    def gpu_jobs(self) -> dict[int, list[str]]:
+        return {}
+
     def containers(self) -> list[ContainerDevices]:
         # A GPU shared by several containers (time-slicing) is listed for each of them, as
         # the client reports it once replica suffixes are removed.
