@@ -33,7 +33,8 @@ class Attribution(msgspec.Struct, kw_only=True):
     slurm_job_id: str | None = None
     slurm_job_user: str | None = None
     systemd_unit: str | None = None
-    # Which sources said so, "+"-joined: cgroup, podresources, environ; None: nothing known.
+    # Which sources said so, "+"-joined: cgroup, podresources, environ, job-mapping;
+    # None: nothing known.
     source: str | None = None
 
 
