@@ -334,3 +334,49 @@ def test_on_a_slurm_node_every_process_names_its_job(tmp_path):
     fams = {m.name: m for m in process_family.collect(Snapshot(tick=Tick(t=1.0, gpus=gpus)))}
     samples = fams["gpuwatch_process_info"].samples
     assert len(samples) == 5 and all(s.labels["slurm_job_id"] for s in samples)
+
+
+# -- events and recordings -------------------------------------------------------------------
+
+
+def test_events_name_the_owner_even_after_the_process_exited():
+    from gpuwatch.config import Config
+    from gpuwatch.events import Event
+    from gpuwatch.model import Tick
+    from gpuwatch.signals.pipeline import Pipeline
+
+    def proc(pid, pod):
+        return ProcessSample(pid=pid, namespace="serving", pod=pod, container="vllm")
+
+    pipe = Pipeline(Config())
+    tick = Tick(t=1.0, gpus=[GpuSample(index=0, uuid=GPU0, processes=[proc(1, "a"), proc(2, "a")]),
+                             GpuSample(index=1, uuid=GPU1, processes=[proc(3, "a"), proc(4, "b")])])
+    evs = [Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid=GPU0, pid=1),
+           Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid=GPU0),
+           Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid=GPU1)]
+    pipe._attribute(tick, evs)
+    assert (evs[0].namespace, evs[0].pod, evs[0].container) == ("serving", "a", "vllm")
+    assert evs[1].pod == "a"  # every process on GPU0 is pod a's
+    assert evs[2].pod is None  # GPU1 is shared by two pods
+    # pid 1 exits; the event resolving its condition still names its pod
+    gone = Tick(t=3.0, gpus=[GpuSample(index=0, uuid=GPU0, processes=[proc(2, "a")])])
+    resolved = Event(t=3.0, signal="memory_leak", state="resolved", gpu_uuid=GPU0, pid=1)
+    pipe._attribute(gone, [resolved])
+    assert resolved.pod == "a"
+
+
+def test_recordings_keep_the_owner_so_replay_names_it_too(tmp_path):
+    from gpuwatch.model import Tick
+    from gpuwatch.recording import Recorder, read_recording
+
+    path = str(tmp_path / "rec.jsonl")
+    rec = Recorder(path, "node-1", 2.0)
+    rec.write(Tick(t=1.0, gpus=[GpuSample(index=0, uuid=GPU0, processes=[ProcessSample(
+        pid=7, namespace="research", pod="tokenizer-6b7d4", container="worker",
+        slurm_job_id="")])]))
+    rec.close()
+    _, ticks = read_recording(path)
+    (p,) = next(iter(ticks)).gpus[0].processes
+    assert (p.namespace, p.pod, p.container, p.slurm_job_id) == ("research", "tokenizer-6b7d4",
+                                                                 "worker", "")
+    assert '"slurm_job_id"' not in (tmp_path / "rec.jsonl").read_text()  # "" is omitted
