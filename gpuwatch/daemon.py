@@ -224,6 +224,10 @@ class Daemon:
                 log.info("signals rebuilt from the new configuration (windows restart)")
         if (new.engines, new.discovery) != (old.engines, old.discovery):
             self._start_engines()
+        if (new.attribution, new.proc_root) != (old.attribution, old.proc_root):
+            if self.attribution is not None:
+                self.attribution.close()
+            self.attribution = make_attribution(new, self.backend, self.sources)
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             try:

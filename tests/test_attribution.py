@@ -380,3 +380,35 @@ def test_recordings_keep_the_owner_so_replay_names_it_too(tmp_path):
     assert (p.namespace, p.pod, p.container, p.slurm_job_id) == ("research", "tokenizer-6b7d4",
                                                                  "worker", "")
     assert '"slurm_job_id"' not in (tmp_path / "rec.jsonl").read_text()  # "" is omitted
+
+
+def test_a_periodic_refresh_never_delays_a_tick(tmp_path, kubelet):
+    class SlowHost(ProcHost):
+        delay = 0.0
+
+        def containers(self):
+            time.sleep(self.delay)
+            return super().containers()
+
+    root = fake_proc(tmp_path / "proc", {101: (cgroup_line(UID_A, C1), None)})
+    host = SlowHost(str(root), kubelet.socket)
+    src = AttributionSource(host, SourceStatus(), refresh_seconds=10, min_refresh_seconds=5)
+
+    async def go():
+        await src.update(_gpus({GPU0: [101]}), 0.0)  # a new process: awaited
+        host.delay = 1.0
+        kubelet.pods = [("serving", "llama-70b-7c9f-v2", [("vllm", [GPU0])])]
+        gpus = _gpus({GPU0: [101]})
+        t0 = time.monotonic()
+        await src.update(gpus, 20.0)  # periodic, with a kubelet that takes a second
+        took = time.monotonic() - t0
+        before = gpus[0].processes[0].pod
+        await asyncio.sleep(1.5)
+        gpus = _gpus({GPU0: [101]})
+        await src.update(gpus, 22.0)
+        return took, before, gpus[0].processes[0].pod
+
+    took, before, after = asyncio.run(go())
+    src.close()
+    assert took < 0.5  # the tick went on with the cached answer
+    assert before == "llama-70b-7c9f" and after == "llama-70b-7c9f-v2"

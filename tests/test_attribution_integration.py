@@ -63,6 +63,9 @@ def test_every_process_series_event_and_alert_names_its_pod(daemon, prometheus, 
     # the daemon's own events name the pod too (log and /api/state)
     state = d.state()
     assert state["sources"]["attribution"]["up"] is True
+    procs = [p for g in state["sample"]["gpus"] for p in g["processes"]]
+    assert len(procs) == 4
+    assert all((p["namespace"], p["pod"], p["container"]) == EXPECTED[p["name"]] for p in procs)
     leak_events = [e for e in state["recent_events"] if e.get("signal") == "memory_leak"
                    and e.get("pid") is not None]
     assert leak_events and all(e["pod"] == "tokenizer-6b7d4" and e["namespace"] == "research"

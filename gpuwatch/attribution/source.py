@@ -30,6 +30,7 @@ class AttributionSource:
         self.slurm_environ = slurm_environ
         self.cache: dict[Key, Attribution] = {}
         self._last: float | None = None
+        self._task: asyncio.Task | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "gpuwatch-attribution")
 
     def _due(self, keys: set[Key], now: float) -> bool:
@@ -40,34 +41,49 @@ class AttributionSource:
             since >= self.min_refresh_seconds and not keys <= self.cache.keys())
 
     async def update(self, gpus: list[GpuSample], now: float) -> None:
-        """Refresh when due (on the executor, never on the event loop), then label."""
+        """Refresh when due, on the executor (never on the event loop), then label. A refresh
+        for processes not seen before is awaited, so their first sample is labelled; a
+        periodic one runs in the background, so a slow kubelet never delays a tick."""
         keys = {(p.pid, p.create_time) for g in gpus for p in g.processes}
-        if keys and self._due(keys, now):
-            pid_gpus: dict[int, set[str]] = {}
-            index = {g.uuid: g.index for g in gpus}
-            for g in gpus:
-                for p in g.processes:
-                    pid_gpus.setdefault(p.pid, set()).add(g.uuid)
-            loop = asyncio.get_running_loop()
-            t0 = time.perf_counter()
-            try:
-                found, problems = await loop.run_in_executor(
-                    self._pool, lambda: resolve(self.host, pid_gpus, gpu_index=index,
-                                                slurm_environ=self.slurm_environ))
-            except Exception as exc:  # attribution never costs a sample
-                self.status.up, self.status.reason = False, f"attribution failed: {exc!r}"
-                self.status.errors_total += 1
-                log.exception("attribution failed")
-            else:
-                self.cache = {k: found[k[0]] for k in keys if k[0] in found}
-                self.status.up = True
-                self.status.reason = "; ".join(f"{k}: {v}" for k, v in problems.items())
-                self.status.last_success = now
-                self.status.last_duration_seconds = time.perf_counter() - t0
+        if keys and self._task is None and self._due(keys, now):
             self._last = now
+            refresh = self._refresh(gpus, keys, now)
+            if keys <= self.cache.keys():
+                self._task = asyncio.create_task(refresh)
+                self._task.add_done_callback(self._refreshed)
+            else:
+                await refresh
         apply(gpus, self.cache)
 
+    def _refreshed(self, task: asyncio.Task) -> None:
+        self._task = None
+
+    async def _refresh(self, gpus: list[GpuSample], keys: set[Key], now: float) -> None:
+        pid_gpus: dict[int, set[str]] = {}
+        index = {g.uuid: g.index for g in gpus}
+        for g in gpus:
+            for p in g.processes:
+                pid_gpus.setdefault(p.pid, set()).add(g.uuid)
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        try:
+            found, problems = await loop.run_in_executor(
+                self._pool, lambda: resolve(self.host, pid_gpus, gpu_index=index,
+                                            slurm_environ=self.slurm_environ))
+        except Exception as exc:  # attribution never costs a sample
+            self.status.up, self.status.reason = False, f"attribution failed: {exc!r}"
+            self.status.errors_total += 1
+            log.exception("attribution failed")
+            return
+        self.cache = {k: found[k[0]] for k in keys if k[0] in found}
+        self.status.up = True
+        self.status.reason = "; ".join(f"{k}: {v}" for k, v in problems.items())
+        self.status.last_success = now
+        self.status.last_duration_seconds = time.perf_counter() - t0
+
     def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
