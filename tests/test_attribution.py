@@ -412,3 +412,13 @@ def test_a_periodic_refresh_never_delays_a_tick(tmp_path, kubelet):
     src.close()
     assert took < 0.5  # the tick went on with the cached answer
     assert before == "llama-70b-7c9f" and after == "llama-70b-7c9f-v2"
+
+
+def test_grpc_is_loaded_only_when_the_kubelet_socket_exists(tmp_path):
+    code = ("import sys, asyncio, gpuwatch.daemon, gpuwatch.cli\n"
+            "from gpuwatch.attribution.resolver import ProcHost, resolve\n"
+            f"resolve(ProcHost('/proc', {str(tmp_path / 'absent.sock')!r}), {{1: set()}})\n"
+            "print(sorted(m for m in ('grpc', 'google.protobuf') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, env=child_env(), check=True).stdout
+    assert out.strip() == "[]"
