@@ -99,6 +99,7 @@ class Daemon:
         gpus = await self.sampler.sample(now)
         if self.attribution is not None:  # pods and jobs, from a slowly refreshed cache
             await self.attribution.update(gpus, now)
+            self._extras["gpu_owners"] = self.attribution.gpu_owners
         probes = await self._probes(now)
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
         events = self._process(tick)

@@ -243,8 +243,8 @@ def test_huge_or_special_proc_files_are_bounded(tmp_path):
     (root / "300").mkdir(parents=True)
     (root / "300" / "cgroup").write_bytes(b"0::/a" * 1_000_000)  # 5 MB
     os.mkfifo(root / "300" / "environ")  # a reader that would block forever
-    found, _ = resolve(ProcHost(str(root), ""), {300: set()})
-    assert found[300].slurm_job_id is None
+    res = resolve(ProcHost(str(root), ""), {300: set()})
+    assert res.attributions[300].slurm_job_id is None
 
 
 # -- the daemon's cached source -----------------------------------------------------------

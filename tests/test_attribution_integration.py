@@ -51,6 +51,10 @@ def test_every_process_series_event_and_alert_names_its_pod(daemon, prometheus, 
     assert {s["pod"] for s in series if s["gpu"] == "1"} == {"llama-70b-7c9f",
                                                             "embedder-5d8f9"}
 
+    # who holds each GPU, from pod-resources: GPU 1 is shared by two pods
+    owners = prom.query(f'gpuwatch_gpu_owner_info{{instance="{d.address}",gpu="1"}}')
+    assert {r["metric"]["pod"] for r in owners} == {"llama-70b-7c9f", "embedder-5d8f9"}
+
     # the Workloads dashboard's per-pod panels, with the namespace variable set
     dash = json.loads((REPO / "dashboards" / "gpuwatch-workloads.json").read_text())
     per_pod = next(p for p in dash["panels"] if p["title"] == "GPU memory per pod")

@@ -82,9 +82,9 @@ def attribution(pids, config_file, proc_root, podresources_socket, pid_gpu) -> N
     pid_gpus = {pid: given.get(pid) or seen.get(pid, set()) for pid in wanted}
     host = ProcHost(cfg.proc_root, a.podresources_socket, a.timeout_seconds,
                     a.hpc_job_mapping_dir)
-    found, problems = resolve(host, pid_gpus, slurm_environ=a.slurm_environ, gpu_index=index)
-    for why in problems.values():
+    res = resolve(host, pid_gpus, slurm_environ=a.slurm_environ, gpu_index=index)
+    for why in res.problems.values():
         click.echo(f"gpuwatch: {why}", err=True)
     for pid in wanted:
-        # every field, null when unknown (to_builtins would keep them too: no omit_defaults)
-        click.echo(json.dumps(msgspec.to_builtins(found[pid])))
+        # every field, null when unknown (the struct has no omit_defaults)
+        click.echo(json.dumps(msgspec.to_builtins(res.attributions[pid])))

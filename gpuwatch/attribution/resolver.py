@@ -7,11 +7,12 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuwatch.attribution import cgroup, procfs
 from gpuwatch.attribution.hpc import read_job_mapping
-from gpuwatch.attribution.join import Attribution, add_source, join
+from gpuwatch.attribution.join import Attribution, add_source, gpu_owners, join
 from gpuwatch.attribution.podresources import (
     DEFAULT_SOCKET,
     ContainerDevices,
@@ -73,11 +74,18 @@ def user_name(uid: int) -> str | None:
         return None
 
 
+@dataclass
+class Resolution:
+    attributions: dict[int, Attribution]
+    # part -> why it had no answer ("podresources": "no pod-resources socket at ...")
+    problems: dict[str, str] = field(default_factory=dict)
+    # GPU (device id) -> [(namespace, pod, container)] holding it, from pod-resources
+    gpu_owners: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
+
+
 def resolve(host: Host, pid_gpus: dict[int, set[str]], *, slurm_environ: bool = True,
-            gpu_index: dict[str, int] | None = None
-            ) -> tuple[dict[int, Attribution], dict[str, str]]:
-    """-> (attribution by pid, problems by part: 'podresources' -> why it had no answer).
-    gpu_index (uuid -> index) lets the HPC job-mapping files, named by index, speak."""
+            gpu_index: dict[str, int] | None = None) -> Resolution:
+    """gpu_index (uuid -> index) lets the HPC job-mapping files, named by index, speak."""
     problems: dict[str, str] = {}
     cgroups = {}
     for pid in pid_gpus:
@@ -107,4 +115,4 @@ def resolve(host: Host, pid_gpus: dict[int, set[str]], *, slurm_environ: bool = 
             if uid is None:
                 uid = host.owner_uid(pid)
             att.slurm_job_user = user_name(uid) if uid is not None else None
-    return out, problems
+    return Resolution(out, problems, gpu_owners(containers) if containers else {})

@@ -31,6 +31,8 @@ class AttributionSource:
         self.cache: dict[Key, Attribution] = {}
         self._last: float | None = None
         self._task: asyncio.Task | None = None
+        # GPU uuid -> [(namespace, pod, container)]: who holds a GPU, processes seen or not
+        self.gpu_owners: dict[str, list[tuple[str, str, str]]] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "gpuwatch-attribution")
 
     def _due(self, keys: set[Key], now: float) -> bool:
@@ -67,7 +69,7 @@ class AttributionSource:
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         try:
-            found, problems = await loop.run_in_executor(
+            res = await loop.run_in_executor(
                 self._pool, lambda: resolve(self.host, pid_gpus, gpu_index=index,
                                             slurm_environ=self.slurm_environ))
         except Exception as exc:  # attribution never costs a sample
@@ -75,9 +77,10 @@ class AttributionSource:
             self.status.errors_total += 1
             log.exception("attribution failed")
             return
-        self.cache = {k: found[k[0]] for k in keys if k[0] in found}
+        self.cache = {k: res.attributions[k[0]] for k in keys if k[0] in res.attributions}
+        self.gpu_owners = res.gpu_owners
         self.status.up = True
-        self.status.reason = "; ".join(f"{k}: {v}" for k, v in problems.items())
+        self.status.reason = "; ".join(f"{k}: {v}" for k, v in res.problems.items())
         self.status.last_success = now
         self.status.last_duration_seconds = time.perf_counter() - t0
 
