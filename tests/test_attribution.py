@@ -232,10 +232,12 @@ def test_cli_unknown_pid_is_all_null_and_misuse_exits_2(tmp_path):
     assert res.returncode == 0
     doc = json.loads(res.stdout)
     assert doc["pid"] == 4194304 and all(v is None for k, v in doc.items() if k != "pid")
-    for bad in (["0"], ["-5"], ["12x"], ["4194305"], ["--pid-gpu", "7", "7"]):
+    for bad, flag in ((["0"], "PID"), (["--", "-5"], "PID"), (["12x"], "PID"),
+                      (["4194305"], "PID"), (["--pid-gpu", "7", "7"], "--pid-gpu"),
+                      (["--pid-gpu", "x=GPU-1", "7"], "--pid-gpu")):
         res = _cli("--podresources-socket", "", *bad)
         assert res.returncode == 2, bad
-        assert "Traceback" not in res.stderr
+        assert res.stderr.count("\n") == 1 and flag in res.stderr, res.stderr
 
 
 def test_huge_or_special_proc_files_are_bounded(tmp_path):

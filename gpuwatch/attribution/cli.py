@@ -12,9 +12,15 @@ import msgspec
 from gpuwatch.attribution.procfs import MAX_PID
 
 
-def _pid(text: str) -> int:
+def _misuse(flag: str, reason: str):
+    """One line naming the flag and the reason, exit status 2."""
+    click.echo(f"gpuwatch attribution: {flag}: {reason}", err=True)
+    sys.exit(2)
+
+
+def _pid(text: str, flag: str = "PID") -> int:
     if not text.isdigit() or not 0 < int(text) <= MAX_PID:
-        raise click.BadParameter(f"{text!r} is not a pid (1..{MAX_PID})", param_hint="PID")
+        _misuse(flag, f"{text[:40]!r} is not a pid (1..{MAX_PID})")
     return int(text)
 
 
@@ -23,8 +29,8 @@ def _pid_gpus(values: tuple[str, ...]) -> dict[int, set[str]]:
     for value in values:
         pid, sep, uuid = value.partition("=")
         if not sep or not uuid or len(uuid) > 128:
-            raise click.BadParameter(f"{value!r} is not PID=GPU_UUID", param_hint="--pid-gpu")
-        out.setdefault(_pid(pid), set()).add(uuid)
+            _misuse("--pid-gpu", f"{value[:60]!r} is not PID=GPU_UUID")
+        out.setdefault(_pid(pid, "--pid-gpu"), set()).add(uuid)
     return out
 
 
@@ -75,8 +81,7 @@ def attribution(pids, config_file, proc_root, podresources_socket, pid_gpu) -> N
     try:
         cfg = config_mod.load(config_file, overrides=overrides)
     except config_mod.ConfigError as exc:
-        click.echo(f"gpuwatch: configuration error: {exc}", err=True)
-        sys.exit(2)
+        _misuse("--config", f"configuration error: {exc}")
     a = cfg.attribution
     seen, index = ({}, {}) if given else _nvml_pid_gpus()
     pid_gpus = {pid: given.get(pid) or seen.get(pid, set()) for pid in wanted}
