@@ -27,6 +27,8 @@ class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     namespace: str = ""
     container: str = ""
     slurm_job_id: str = ""
+    # allow-listed pod labels (attribution.kubernetes_api.pod_labels), key -> value
+    pod_labels: dict[str, str] = {}
 
 
 class GpuSample(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -85,8 +85,7 @@ def attribution(pids, config_file, proc_root, podresources_socket, pid_gpu) -> N
     a = cfg.attribution
     seen, index = ({}, {}) if given else _nvml_pid_gpus()
     pid_gpus = {pid: given.get(pid) or seen.get(pid, set()) for pid in wanted}
-    host = ProcHost(cfg.proc_root, a.podresources_socket, a.timeout_seconds,
-                    a.hpc_job_mapping_dir)
+    host = ProcHost.from_config(cfg)
     res = resolve(host, pid_gpus, slurm_environ=a.slurm_environ, gpu_index=index)
     for why in res.problems.values():
         click.echo(f"gpuwatch: {why}", err=True)

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import msgspec
 
 from gpuwatch.attribution.cgroup import CgroupInfo
+from gpuwatch.attribution.kubeapi import PodMeta
 from gpuwatch.attribution.podresources import ContainerDevices
 
 
@@ -33,6 +34,8 @@ class Attribution(msgspec.Struct, kw_only=True):
     slurm_job_id: str | None = None
     slurm_job_user: str | None = None
     systemd_unit: str | None = None
+    # Allow-listed pod labels (attribution.kubernetes_api.pod_labels), when the API is used.
+    pod_labels: dict[str, str] | None = None
     # Which sources said so, "+"-joined: cgroup, podresources, environ, job-mapping;
     # None: nothing known.
     source: str | None = None
@@ -41,14 +44,14 @@ class Attribution(msgspec.Struct, kw_only=True):
 PodKey = tuple[str, str]  # (namespace, pod)
 
 
-def _match(wanted: dict, candidates_of) -> dict:
+def _match(wanted: dict, candidates_of, taken_before: frozenset = frozenset()) -> dict:
     """Unique assignment by elimination: key -> the one candidate left for it."""
     options = {k: set(candidates_of(k, gpus)) for k, gpus in wanted.items()}
     assigned: dict = {}
     changed = True
     while changed:
         changed = False
-        taken = set(assigned.values())
+        taken = set(assigned.values()) | taken_before
         for key, opts in options.items():
             if key in assigned:
                 continue
@@ -61,10 +64,13 @@ def _match(wanted: dict, candidates_of) -> dict:
 
 
 def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
-         containers: Iterable[ContainerDevices] | None) -> dict[int, Attribution]:
+         containers: Iterable[ContainerDevices] | None,
+         api_pods: Iterable[PodMeta] | None = None) -> dict[int, Attribution]:
     """pid_gpus: the GPU UUIDs each pid uses (empty when unknown); cgroups: what each pid's
-    cgroup says; containers: pod-resources' answer (None when it is unavailable)."""
+    cgroup says; containers: pod-resources' answer (None when it is unavailable); api_pods:
+    the API server's pods of this node (optional: they name UIDs exactly)."""
     out = {pid: _from_cgroup(pid, cgroups.get(pid)) for pid in pid_gpus}
+    named = _name_from_api(out, api_pods or ())
     if containers is None:
         return out
     containers = list(containers)
@@ -75,10 +81,10 @@ def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
 
     uid_gpus: dict[str, set[str]] = defaultdict(set)
     for pid, att in out.items():
-        if att.pod_uid:
+        if att.pod_uid and att.pod is None:
             uid_gpus[att.pod_uid] |= pid_gpus[pid]
     uid_pod = _match(uid_gpus, lambda _uid, gpus: (
-        k for k, devs in pod_devices.items() if gpus <= devs))
+        k for k, devs in pod_devices.items() if gpus <= devs), frozenset(named))
 
     # containers within each matched pod, by container id and the GPUs it uses
     cid_gpus: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -106,6 +112,21 @@ def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
                 att.namespace, att.pod, att.container = next(iter(owners))
                 att.source = add_source(att.source, "podresources")
     return out
+
+
+def _name_from_api(out: dict[int, Attribution], pods: Iterable[PodMeta]) -> set[PodKey]:
+    by_uid = {p.uid: p for p in pods}
+    named: set[PodKey] = set()
+    for att in out.values():
+        meta = by_uid.get(att.pod_uid or "")
+        if meta is None:
+            continue
+        att.namespace, att.pod = meta.namespace, meta.name
+        att.container = meta.containers.get(att.container_id or "")
+        att.pod_labels = dict(meta.labels) or None
+        att.source = add_source(att.source, "kubernetes-api")
+        named.add((meta.namespace, meta.name))
+    return named
 
 
 def _from_cgroup(pid: int, info: CgroupInfo | None) -> Attribution:

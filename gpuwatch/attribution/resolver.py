@@ -13,6 +13,7 @@ from typing import Protocol
 from gpuwatch.attribution import cgroup, procfs
 from gpuwatch.attribution.hpc import read_job_mapping
 from gpuwatch.attribution.join import Attribution, add_source, gpu_owners, join
+from gpuwatch.attribution.kubeapi import KubeApiUnavailable, PodMeta, default_url, list_node_pods
 from gpuwatch.attribution.podresources import (
     DEFAULT_SOCKET,
     ContainerDevices,
@@ -36,14 +37,33 @@ class Host(Protocol):
     def gpu_jobs(self) -> dict[int, list[str]]:
         """GPU index -> batch jobs on it (an HPC job-mapping directory), {} when none."""
 
+    def pods(self) -> list[PodMeta] | None:
+        """The API server's pods of this node; None when not configured; raises
+        KubeApiUnavailable."""
+
 
 class ProcHost:
     def __init__(self, proc_root: str = "/proc", podresources_socket: str = DEFAULT_SOCKET,
-                 timeout: float = 2.0, job_mapping_dir: str = "") -> None:
+                 timeout: float = 2.0, job_mapping_dir: str = "", kube_api=None) -> None:
         self.proc_root = proc_root
         self.socket = podresources_socket
         self.timeout = timeout
         self.job_mapping_dir = job_mapping_dir
+        self.kube_api = kube_api  # a KubernetesApiConfig, or None
+
+    @classmethod
+    def from_config(cls, cfg) -> ProcHost:
+        a = cfg.attribution
+        return cls(cfg.proc_root, a.podresources_socket, a.timeout_seconds,
+                   a.hpc_job_mapping_dir, a.kubernetes_api if a.kubernetes_api.enabled else None)
+
+    def pods(self) -> list[PodMeta] | None:
+        k = self.kube_api
+        if k is None:
+            return None
+        return list_node_pods(k.url or default_url(), k.node_name, token_file=k.token_file,
+                              ca_file=k.ca_file, allow_labels=tuple(k.pod_labels),
+                              timeout=max(self.timeout, 5.0))
 
     def gpu_jobs(self) -> dict[int, list[str]]:
         return read_job_mapping(self.job_mapping_dir) if self.job_mapping_dir else {}
@@ -97,7 +117,13 @@ def resolve(host: Host, pid_gpus: dict[int, set[str]], *, slurm_environ: bool = 
         containers = host.containers()
     except PodResourcesUnavailable as exc:
         problems["podresources"] = str(exc)
-    out = join(pid_gpus, cgroups, containers)
+    api_pods = None
+    if any(c.pod_uid for c in cgroups.values()):
+        try:
+            api_pods = host.pods()
+        except KubeApiUnavailable as exc:
+            problems["kubernetes_api"] = str(exc)
+    out = join(pid_gpus, cgroups, containers, api_pods)
     by_index = host.gpu_jobs() if gpu_index else {}
     for pid, att in out.items():
         info = cgroups.get(pid)

@@ -98,6 +98,7 @@ def apply(gpus: list[GpuSample], cache: dict[Key, Attribution]) -> None:
                 continue
             p.namespace, p.pod = att.namespace or "", att.pod or ""
             p.container, p.slurm_job_id = att.container or "", att.slurm_job_id or ""
+            p.pod_labels = att.pod_labels or {}
 
 
 def make_source(cfg, backend, sources: dict[str, SourceStatus]) -> AttributionSource | None:
@@ -111,8 +112,7 @@ def make_source(cfg, backend, sources: dict[str, SourceStatus]) -> AttributionSo
     else:
         from gpuwatch.attribution.resolver import ProcHost
 
-        host = ProcHost(cfg.proc_root, a.podresources_socket, a.timeout_seconds,
-                        a.hpc_job_mapping_dir)
+        host = ProcHost.from_config(cfg)
     if host is None:
         return None
     status = sources.setdefault("attribution", SourceStatus())

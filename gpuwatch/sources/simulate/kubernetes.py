@@ -68,6 +68,9 @@ class SimulatedNode:
     def gpu_jobs(self) -> dict[int, list[str]]:
         return {}
 
+    def pods(self) -> None:
+        return None  # the simulated node has no API server: pod-resources names pods
+
     def containers(self) -> list[ContainerDevices]:
         # A GPU shared by several containers (time-slicing) is listed for each of them, as
         # the client reports it once replica suffixes are removed.
