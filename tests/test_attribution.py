@@ -185,7 +185,8 @@ def test_cli_resolves_the_real_world_samples(tmp_path):
     assert [d["pid"] for d in lines] == list(entries)
     for doc, (source, _, expected) in zip(lines, SAMPLES, strict=True):
         assert set(doc) == {"pid", "namespace", "pod", "pod_uid", "container", "container_id",
-                            "qos", "slurm_job_id", "slurm_job_user", "systemd_unit", "source"}
+                            "qos", "slurm_job_id", "slurm_job_user", "systemd_unit",
+                            "pod_labels", "source"}
         for field in ("pod_uid", "container_id", "qos", "slurm_job_id", "systemd_unit"):
             if field in expected:
                 assert doc[field] == expected[field], f"{source}: {field}"
