@@ -425,3 +425,19 @@ def test_grpc_is_loaded_only_when_the_kubelet_socket_exists(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, env=child_env(), check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_real_process_on_the_real_proc(tmp_path):
+    """The host's own /proc: a child started with SLURM_JOB_ID names its job (as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("reading another process's environment needs root")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={**os.environ, "SLURM_JOB_ID": "777001", "API_KEY": "k3y"})
+    try:
+        res = resolve(ProcHost("/proc", ""), {child.pid: set(), os.getpid(): set()})
+        att = res.attributions[child.pid]
+        assert att.slurm_job_id == "777001" and "environ" in att.source
+        assert "k3y" not in repr(res)
+    finally:
+        child.kill()
+        child.wait()
