@@ -441,3 +441,13 @@ def test_a_real_process_on_the_real_proc(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_replay_names_the_pod_in_its_human_output():
+    from gpuwatch.events import Event
+    from gpuwatch.replay import _human
+
+    ev = Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid=GPU0, pid=7,
+               namespace="research", pod="tokenizer-6b7d4")
+    assert "pod=research/tokenizer-6b7d4" in _human(ev)
+    assert "pod=" not in _human(Event(t=1.0, signal="memory_leak", state="firing", pid=7))
