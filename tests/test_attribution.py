@@ -451,3 +451,39 @@ def test_replay_names_the_pod_in_its_human_output():
                namespace="research", pod="tokenizer-6b7d4")
     assert "pod=research/tokenizer-6b7d4" in _human(ev)
     assert "pod=" not in _human(Event(t=1.0, signal="memory_leak", state="firing", pid=7))
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    n, out = len(payload), bytearray([number << 3 | 2])
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out) + payload
+
+
+def test_a_kubelet_answer_with_the_fields_gpuwatch_does_not_read(tmp_path):
+    """The kubelet's v1 messages carry more than gpuwatch's .proto declares (cpu_ids, memory,
+    topology, dynamic_resources): the answer, as raw bytes from a gRPC server, still parses."""
+    topology = _field(1, b"\x08\x01")  # TopologyInfo{nodes: [NUMANode{ID: 1}]}
+    device = (_field(1, b"nvidia.com/gpu") + _field(2, GPU0.encode()) + _field(3, topology))
+    memory = _field(1, b"memory") + b"\x10\x80\x80\x80\x80\x04"  # ContainerMemory size 1 GiB
+    dra = _field(2, b"claim-a") + _field(3, b"serving")  # DynamicResource
+    container = (_field(1, b"vllm") + _field(2, device) + _field(3, b"\x02\x03")
+                 + _field(4, memory) + _field(5, dra))
+    raw = _field(1, _field(1, b"llama-70b-7c9f") + _field(2, b"serving") + _field(3, container))
+
+    handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+        "List": grpc.unary_unary_rpc_method_handler(lambda request, context: raw)})
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    server.add_generic_rpc_handlers((handler,))
+    sock = tmp_path / "kubelet.sock"
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    try:
+        (c,) = list_containers(str(sock))
+    finally:
+        server.stop(None)
+    assert (c.namespace, c.pod, c.container, c.devices) == ("serving", "llama-70b-7c9f", "vllm",
+                                                            {GPU0})
