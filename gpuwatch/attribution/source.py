@@ -116,6 +116,7 @@ def make_source(cfg, backend, sources: dict[str, SourceStatus]) -> AttributionSo
     if host is None:
         return None
     status = sources.setdefault("attribution", SourceStatus())
+    status.reason = status.reason or "no GPU process to attribute yet"
     return AttributionSource(host, status, refresh_seconds=a.refresh_seconds,
                              min_refresh_seconds=a.min_refresh_seconds,
                              slurm_environ=a.slurm_environ)
