@@ -52,3 +52,14 @@ def test_daemonset_mounts_the_kubelet_pod_resources_socket_read_only():
     assert DEFAULT_SOCKET.startswith(mount["mountPath"] + "/")
     assert volume["hostPath"]["path"] == mount["mountPath"]
     assert '".[kubernetes]"' in (ROOT / "Containerfile").read_text()  # grpcio in the image
+
+
+def test_attribution_rbac_grants_only_listing_pods():
+    sa, role, binding = docs("attribution-rbac.yaml")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (subject,) = binding["subjects"]
+    assert (subject["name"], subject["namespace"]) == (sa["metadata"]["name"],
+                                                       sa["metadata"]["namespace"])
+    ds = next(d for d in docs("daemonset.yaml") if d["kind"] == "DaemonSet")
+    assert sa["metadata"]["namespace"] == ds["metadata"]["namespace"]
