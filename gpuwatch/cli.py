@@ -10,11 +10,12 @@ import click
 
 from gpuwatch import __version__
 from gpuwatch import config as config_mod
+from gpuwatch.attribution.cli import attribution as attribution_command
 from gpuwatch.monitoring.cli import alerts as alerts_command
 from gpuwatch.monitoring.cli import dashboards as dashboards_command
 from gpuwatch.thresholds.cli import thresholds as thresholds_command
 
-SCENARIO_NAMES = ("steady", "leak", "fragmentation", "mixed", "large")
+SCENARIO_NAMES = ("steady", "leak", "fragmentation", "mixed", "large", "kubernetes")
 
 
 def _setup_logging(level: str) -> None:
@@ -49,6 +50,7 @@ def main() -> None:
 main.add_command(dashboards_command)
 main.add_command(alerts_command)
 main.add_command(thresholds_command)
+main.add_command(attribution_command)
 
 
 @main.command()

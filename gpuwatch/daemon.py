@@ -24,6 +24,7 @@ from aiohttp import web
 
 from gpuwatch import config as config_mod
 from gpuwatch import redact, webconfig
+from gpuwatch.attribution.source import make_source as make_attribution
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.exporter.app import make_app
@@ -58,6 +59,7 @@ class Daemon:
         self.sampler = GpuSampler(self.backend, self.sources["nvml"],
                                   cfg.nvml.retry_max_seconds)
         self.pipeline = Pipeline.from_config(cfg)
+        self.attribution = make_attribution(cfg, self.backend, self.sources)
         self.recent: collections.deque[Event | ActionEvent] = collections.deque(
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
@@ -101,6 +103,9 @@ class Daemon:
     async def tick_once(self) -> Tick:
         now = time.time()
         gpus = await self.sampler.sample(now)
+        if self.attribution is not None:  # pods and jobs, from a slowly refreshed cache
+            await self.attribution.update(gpus, now)
+            self._extras["gpu_owners"] = self.attribution.gpu_owners
         probes = await self._probes(now)
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
         events = self._process(tick)
@@ -229,6 +234,10 @@ class Daemon:
             self._start_engines()
         if self.guard is not None and new.web_config == old.web_config:
             self._reload_web(new.web_config)
+        if (new.attribution, new.proc_root) != (old.attribution, old.proc_root):
+            if self.attribution is not None:
+                self.attribution.close()
+            self.attribution = make_attribution(new, self.backend, self.sources)
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             try:
@@ -333,6 +342,8 @@ class Daemon:
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()
             self.sampler.close()
+            if self.attribution is not None:
+                self.attribution.close()
         return 0
 
     def _make_remediator(self):

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gpuwatch import redact
 from gpuwatch.events import ActionEvent, Event
+from gpuwatch.model import ATTRIBUTION_FIELDS
 from gpuwatch.remediation import targets
 from gpuwatch.remediation.audit import AuditLog
 from gpuwatch.remediation.config import (
@@ -474,6 +475,8 @@ def _fields(event: Event, target: Target | None) -> dict[str, Any]:
     out = {"signal": event.signal, "severity": event.severity, "gpu_uuid": event.gpu_uuid,
            "pid": event.pid, "engine": event.engine, "value": event.value,
            "threshold": event.threshold}
+    # whose workload it was (pod, container, Slurm job), when the event names it
+    out.update({k: getattr(event, k) for k in ATTRIBUTION_FIELDS if getattr(event, k, None)})
     if target is not None:
         out.update({"gpu_uuid": target.gpu_uuid or event.gpu_uuid, "gpu_index": target.gpu_index,
                     "pid": target.pid if target.pid is not None else event.pid,
