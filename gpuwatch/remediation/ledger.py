@@ -2,8 +2,9 @@
 log line, and the audit record. Audit records are queued for the audit log's writer thread,
 so accounting never waits for the disk on the event loop.
 
-Audit records are built in one place, _record(): whatever must be masked before a record
-leaves the daemon is masked there.
+Reasons and details quote URLs, hook output and commands: final() scrubs them before they go
+to the log, the events log, /api/state and the audit log; and every audit record passes
+through _record(), the one place where it is scrubbed before it leaves the daemon.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from gpuwatch import redact
 from gpuwatch.events import ActionEvent
 from gpuwatch.remediation.audit import AuditLog
 from gpuwatch.remediation.config import ACTIONS, RemediationConfig
@@ -51,7 +53,8 @@ class Ledger:
     def final(self, action: str, target: str, result: str, reason: str, trigger: str,
               detail: dict[str, Any], *, job_id: str | None = None) -> ActionEvent:
         """A decision that is final: counted, logged and audited."""
-        detail = {k: v for k, v in detail.items() if v is not None}
+        reason = redact.scrub_text(reason)
+        detail = redact.scrub({k: v for k, v in detail.items() if v is not None})
         if job_id:
             detail["id"] = job_id  # pairs with the audit log's "started" record
         ev = ActionEvent(t=self.clock(), action=action, target=target, result=result,
@@ -103,7 +106,7 @@ class Ledger:
 
     @staticmethod
     def _record(record: dict[str, Any]) -> dict[str, Any]:
-        return record
+        return redact.scrub(record)
 
     def close(self) -> None:
         self.audit.close()

@@ -16,9 +16,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
+from gpuwatch import redact
 from gpuwatch.events import ActionEvent, Event
+from gpuwatch.model import ATTRIBUTION_FIELDS
 from gpuwatch.remediation import targets
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
 from gpuwatch.remediation.guardrails import Guardrails
@@ -63,6 +66,7 @@ class Remediator:
     def __init__(self, config: RemediationConfig, webhook: WebhookConfig, *, probe_dir: str,
                  table: Any = None, dry_run: bool = False, clock=time.time) -> None:
         webhook.check_against(config)  # routes may only name enabled hooks
+        _remember_secrets(config, webhook)
         self.config = config
         self.webhook_config = webhook
         self.probe_dir = probe_dir
@@ -127,6 +131,7 @@ class Remediator:
         webhook's memory of alerts. Raises ValueError / OSError and changes nothing when
         the new settings cannot be used."""
         webhook.check_against(config)
+        _remember_secrets(config, webhook)
         self.ledger.reconfigure(config)
         self.config = config
         self.webhook_config = webhook
@@ -302,11 +307,18 @@ class Remediator:
                                  job_id=job_id)
 
 
+def _remember_secrets(config: RemediationConfig, webhook: WebhookConfig) -> None:
+    redact.remember({"remediation": msgspec.to_builtins(config),
+                     "webhook": msgspec.to_builtins(webhook)})
+
+
 def _fields(event: Event, target: Target | None) -> dict[str, Any]:
     """The flat facts of an action: the event's, and the target's where it was resolved."""
     out = {"signal": event.signal, "severity": event.severity, "gpu_uuid": event.gpu_uuid,
            "pid": event.pid, "engine": event.engine, "value": event.value,
            "threshold": event.threshold}
+    # whose workload it was (pod, container, Slurm job), when the event names it
+    out.update({k: getattr(event, k) for k in ATTRIBUTION_FIELDS if getattr(event, k, None)})
     if target is not None:
         out.update({"gpu_uuid": target.gpu_uuid or event.gpu_uuid, "gpu_index": target.gpu_index,
                     "pid": target.pid if target.pid is not None else event.pid,

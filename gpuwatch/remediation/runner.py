@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from gpuwatch import redact
 from gpuwatch.remediation import flushing
 from gpuwatch.remediation.config import RemediationConfig, signal_number
 from gpuwatch.remediation.hooks import Refused, Target
@@ -79,7 +80,7 @@ class HookRunner:
             return {"would_snapshot": target.label,
                     "probe": flushing.has_probe(target, self.probes)}
         if name == "exec":
-            return {"would_exec": list(self.config.exec.argv)}
+            return {"would_exec": self._shown_argv()}
         raise Refused(f"unknown action {name!r}")
 
     async def run(self, action: Action, target: Target, context: dict[str, Any],
@@ -103,10 +104,16 @@ class HookRunner:
         if name == "flush":
             return await self._flush(target, arg)
         if name == "exec":
-            return await exec_hook.run(self.config.exec.argv, {**context, **payload},
-                                       timeout=self.config.exec.timeout_seconds,
-                                       extra_env=self.config.exec.env)
+            detail = await exec_hook.run(self.config.exec.argv, {**context, **payload},
+                                         timeout=self.config.exec.timeout_seconds,
+                                         extra_env=self.config.exec.env)
+            return {**detail, "argv": self._shown_argv()}
         raise Refused(f"unknown action {name!r}")
+
+    def _shown_argv(self) -> list[str]:
+        return redact.config_for_display({"remediation": {"exec": {
+            "argv": self.config.exec.argv, "secret_args": self.config.exec.secret_args}}},
+        )["remediation"]["exec"]["argv"]
 
     def _pidfd(self, target: Target) -> int | None:
         """A copy of the pidfd held since the target was first seen, if any."""

@@ -167,24 +167,32 @@ class AlertmanagerWebhook:
                 ignored.append({"alertname": name, "fingerprint": fp, "reason": "no route"})
                 continue
             event = _event_from(alert, now, self.remediator.snap)
-            if event is None:
-                ignored.append({"alertname": name, "fingerprint": fp,
-                                "reason": "labels name no uuid/gpu, pid or engine"})
+            # An alert that names only a pod acts on that pod's GPU processes on this host.
+            events = [event] if event is not None else _pod_events(alert, now,
+                                                                   self.remediator.snap)
+            if not events:
+                labels = alert.labels
+                why = (f"pod {labels.get('namespace')}/{labels['pod']} has no GPU process on "
+                       "this host" if labels.get("pod") and labels.get("namespace") else
+                       "labels name no uuid/gpu, pid, engine or namespace/pod")
+                ignored.append({"alertname": name, "fingerprint": fp, "reason": why})
                 continue
-            if event.gpu_uuid and event.gpu_uuid not in self._local_uuids():
+            if event is not None and event.gpu_uuid and event.gpu_uuid not in self._local_uuids():
                 # One Alertmanager receiver fans out to every host: not ours to act on.
                 ignored.append({"alertname": name, "fingerprint": fp,
                                 "reason": f"GPU {event.gpu_uuid} is not on this host"})
                 continue
             self._seen[(fp, alert.starts_at)] = now
-            decided = self.remediator.act(
-                event, route, trigger="alertmanager",
-                context={"alertname": name, "fingerprint": fp, "receiver": payload.receiver},
-            )
-            started = len(route) - len(decided)
-            actions += [msgspec.to_builtins(a) for a in decided]
-            if started:
-                actions.append({"alertname": name, "fingerprint": fp, "started": started})
+            for event in events:
+                decided = self.remediator.act(
+                    event, route, trigger="alertmanager",
+                    context={"alertname": name, "fingerprint": fp,
+                             "receiver": payload.receiver},
+                )
+                started = len(route) - len(decided)
+                actions += [msgspec.to_builtins(a) for a in decided]
+                if started:
+                    actions.append({"alertname": name, "fingerprint": fp, "started": started})
         return {"status": "ok", "actions": actions, "ignored": ignored}
 
     def _local_uuids(self) -> set[str]:
@@ -237,6 +245,25 @@ def _bad_labels(payload: Payload) -> str:
 def _fingerprint(labels: dict[str, str]) -> str:
     text = "\xff".join(f"{k}\xff{v}" for k, v in sorted(labels.items()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+MAX_POD_TARGETS = 16  # one alert never fans out to more processes than this
+
+
+def _pod_events(alert: Alert, now: float, snap: Any) -> list[Event]:
+    """The GPU processes of the pod an alert names (namespace and pod both required: a pod
+    name alone is not unique), as events the same guardrails then judge one by one."""
+    labels = alert.labels
+    ns, pod = labels.get("namespace"), labels.get("pod")
+    if not ns or not pod:
+        return []
+    procs = [(g.uuid, p) for g in getattr(getattr(snap, "tick", None), "gpus", ())
+             if not g.lost for p in g.processes if p.namespace == ns and p.pod == pod]
+    return [Event(t=now, signal=labels.get("signal") or labels.get("alertname", "alert"),
+                  state="firing", severity=labels.get("severity", "warning"), gpu_uuid=uuid,
+                  pid=p.pid, namespace=ns, pod=pod, container=p.container or None,
+                  message=alert.annotations.get("summary", ""))
+            for uuid, p in procs[:MAX_POD_TARGETS]]
 
 
 def _event_from(alert: Alert, now: float, snap: Any) -> Event | None:
