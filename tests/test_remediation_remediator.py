@@ -620,3 +620,30 @@ def test_default_state_dir_follows_systemd(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     expected = Path("/var/lib/gpuwatch") if os.geteuid() == 0 else tmp_path / "xdg" / "gpuwatch"
     assert state_dir() == expected
+
+
+def test_a_hostile_probe_answer_is_typed_and_cut_short(tmp_path, monkeypatch):
+    """What a probe answers is its user's text: only typed, short facts reach the audit log."""
+    answers = [{"ok": True, "released_bytes": "9" * 10_000, "reserved_before": [1] * 1000,
+                "reserved_after": 5},
+               {"ok": False, "error": "e" * 100_000}]
+
+    async def fake_request(probe_dir, pid, action, params, timeout):
+        return answers.pop(0)
+    monkeypatch.setattr(probe_channel, "request", fake_request)
+    probes = [ProbeSample(pid=4242, create_time=1000.0, reserved_bytes=GIB)]
+    cfg = dict(cooldown_seconds=0, flush=FlushConfig(enabled=True),
+               escalation=[EscalationRule(signal="memory_leak", actions=["flush"])])
+
+    async def go():
+        rem = make(tmp_path, **cfg)
+        out = await step(rem, [ev()], snap_of(probes=probes))
+        out += await step(rem, [ev()], snap_of(probes=probes))
+        await rem.close()
+        return out
+    ok, failed = asyncio.run(go())
+    assert (ok.result, failed.result) == ("ok", "failed")
+    assert ok.detail["reserved_after"] == 5
+    assert "released_bytes" not in ok.detail and "reserved_before" not in ok.detail
+    assert len(failed.reason) < 400
+    assert max(len(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()) < 2000
