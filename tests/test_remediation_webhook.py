@@ -167,7 +167,10 @@ def test_oversized_bodies_are_413(tmp_path):
     (json.dumps(payload({**alert(), "labels": {"alertname": "x", "pid": 4242}})), 400, "str"),
     (json.dumps(payload({**alert(), "annotations": ["x"]})), 400, "object"),
     (json.dumps(payload(*[alert()] * 2000)), 413, "larger"),
-])
+], ids=["not-json", "not-utf8", "no-alerts", "no-status", "alerts-not-a-list", "version-3",
+        "a-list", "nested-120k-deep", "pid-superscript-two", "pid-arabic-indic-one",
+        "gpu-superscript-two", "pid-negative", "label-not-a-string", "annotations-a-list",
+        "oversize"])
 def test_invalid_bodies_are_4xx_and_audited(tmp_path, body, status, words):
     async def go():
         async with Server(tmp_path, WebhookConfig(token=TOKEN), snap_with([(1, 1.0)])) as s:
