@@ -30,11 +30,11 @@ from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
-from gpuwatch.model import EngineSample, ProbeSample, Tick
+from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
 from gpuwatch.recording import Recorder
 from gpuwatch.signals.pipeline import Pipeline
-from gpuwatch.sources.probes import prepare_probe_dir, read_probes
+from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
 
 log = logging.getLogger("gpuwatch")
@@ -73,22 +73,23 @@ class Daemon:
         self.renderer = Renderer()
         self.remediator = None
         self.probe_dir = resolve_dir(cfg.probe.dir)
+        self.probe_reader = ProbeReader(self.probe_dir)
         if cfg.probe.enabled and not cfg.simulate and os.geteuid() == 0:
-            # Shared and sticky, so probes of every user can publish into it.
+            # Root's; each user's directory in it is made when their process is on a GPU.
             with contextlib.suppress(OSError):
                 prepare_probe_dir(self.probe_dir)
 
     # -- the tick ---------------------------------------------------------------------
-    async def _probes(self, now: float) -> list[ProbeSample]:
+    async def _probes(self, now: float, gpus: list[GpuSample]) -> list[ProbeSample]:
         own = self.backend.probes(now)
         if own is not None:
             return own
         if not self.config.probe.enabled:
             return []
-        problems: list[str] = []
-        samples = read_probes(self.probe_dir, now,
-                              stale_after=self.config.probe.stale_after_seconds,
-                              problems=problems)
+        # Off the loop: the directory is written by users, its cost is theirs to choose.
+        samples, problems = await asyncio.to_thread(
+            self.probe_reader.read, now, [p.pid for g in gpus for p in g.processes],
+            stale_after=self.config.probe.stale_after_seconds)
         st = self.sources.setdefault("probes", SourceStatus())
         st.up, st.last_success, st.reason = True, now, "; ".join(problems[:3])
         return samples
@@ -106,7 +107,7 @@ class Daemon:
         if self.attribution is not None:  # pods and jobs, from a slowly refreshed cache
             await self.attribution.update(gpus, now)
             self._extras["gpu_owners"] = self.attribution.gpu_owners
-        probes = await self._probes(now)
+        probes = await self._probes(now, gpus)
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
         events = self._process(tick)
         if self.remediator is not None:
