@@ -33,6 +33,9 @@ FAKE_TORCH = {
 """A stand-in for torch: only the allocator surface gpuwatch.probe reads."""
 import os
 __version__ = "0.0+fake"
+from types import SimpleNamespace as _NS  # noqa: E402
+# FAKE_TORCH_CPU_BUILD=1: a torch built without CUDA, as vLLM's CPU backend runs.
+version = _NS(cuda=None if os.environ.get("FAKE_TORCH_CPU_BUILD") == "1" else "12.8")
 from torch import cuda  # noqa: E402
 ''',
 "torch/cuda/__init__.py": '''
@@ -360,6 +363,14 @@ def test_publishes_the_allocator_state_of_its_process(hosts, tmp_path):
     raw = json.loads(rec.read_text())
     assert raw["samples"][0]["gpu_uuid"] == "GPU-00000000-0000-0000-0000-000000000000"
     assert not [p for p in d.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_says_so_when_torch_is_built_without_cuda(hosts, tmp_path):
+    host = hosts(FAKE_TORCH_CPU_BUILD="1")
+    rec = tmp_path / "probe" / str(os.geteuid()) / f"{host.pid}.json"
+    wait_until(rec.exists, timeout=20, what="the first record")
+    assert json.loads(rec.read_text())["status"] == "no_cuda"
+    assert read_probes(str(tmp_path / "probe"), time.time()) == []
 
 
 def test_waits_for_the_host_to_initialise_cuda(hosts, tmp_path):

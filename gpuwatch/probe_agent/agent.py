@@ -195,10 +195,18 @@ class Agent:
         record = protocol.ProbeRecord(pid=self.pid, t=time.time(),
                                       create_time=self.create_time,
                                       interval_seconds=self.interval)
+        host = sys.modules.get("torch")
+        if host is not None and getattr(getattr(host, "version", None), "cuda", "") is None:
+            # A CPU build of torch (vLLM's CPU backend, say): there will never be a CUDA
+            # allocator here, and waiting for one would look like a broken probe.
+            record.status = "no_cuda"
+            self._warn_once("no_cuda", "gpuwatch probe: torch %s in pid %d is built without "
+                            "CUDA; this process has no GPU memory to report",
+                            getattr(host, "__version__", "?"), self.pid)
+            return record
         torch = self.torch()
         if torch is None:
-            record.status = ("no_torch" if "torch" not in sys.modules
-                             else "cuda_not_initialized")
+            record.status = ("no_torch" if host is None else "cuda_not_initialized")
             return record
         record.torch_version = str(getattr(torch, "__version__", ""))
         if self._reader is None:
