@@ -8,14 +8,18 @@ a cold cache costs about 12 minutes, most of it compiling llama-server.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import wait_until
 from tests.realservers import servers
 
+REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1500)]
 
 FAST = """
@@ -124,6 +128,24 @@ def test_vllm_queue_and_kv_usage_move_under_load(vllm, daemon):
     assert st["queue_latency_seconds"] and min(st["queue_latency_seconds"].values()) >= 0
 
 
+def test_vllm_loads_gpuwatch_plugin_and_the_probe_says_there_is_no_cuda(workdir, tmp_path):
+    # gpuwatch installed as a distribution, so vLLM finds its entry point like any plugin.
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--target", str(site), str(REPO)], check=True,
+                   capture_output=True, timeout=300)
+    s = servers.Vllm(workdir, None, env={"PYTHONPATH": str(site),
+                                         "GPUWATCH_PROBE_ENABLED": "1",
+                                         "GPUWATCH_PROBE_DIR": str(tmp_path / "probe")})
+    try:
+        # Only the plugin's register() starts a probe in vLLM's processes; its warning is the
+        # proof that vLLM loaded it, and that it says why there is nothing to report.
+        wait_until(lambda: "is built without CUDA" in s.output(), 60,
+                   what="the probe's no-CUDA warning in vLLM's log")
+    finally:
+        s.stop(timeout=30)
+
+
 # -- llama.cpp -------------------------------------------------------------------------------
 
 def test_llamacpp_is_recognised_and_its_restart_counted_once(workdir, daemon):
@@ -133,11 +155,11 @@ def test_llamacpp_is_recognised_and_its_restart_counted_once(workdir, daemon):
         d = daemon(config_toml=engine_config("llama-0", s.metrics_url))
         wait_until(lambda: series(d, "gpuwatch_engine_up", engine="llama-0",
                                   kind="llamacpp") == [1.0], 30, what="llama.cpp up")
-        bg = servers.Background(servers.completions, s.base, ["hello world"] * 12, threads=6,
-                                max_tokens=64)
+        bg = servers.Background(servers.completions, s.base, ["hello world"] * 60, threads=6,
+                                max_tokens=256)
         wait_until(lambda: (engine(d, "llama-0")["requests_running"] or 0) > 0, 60,
                    interval=0.2, what="llama.cpp busy")
-        assert bg.join().count(200) == 12
+        assert bg.join().count(200) == 60
         wait_until(lambda: engine(d, "llama-0")["requests_running"] == 0, 30)
         assert engine(d, "llama-0")["restarts_detected"] == 0
         s.stop()

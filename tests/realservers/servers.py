@@ -65,7 +65,8 @@ def vllm_model(workdir: Path) -> Path:
 class Vllm(Server):
     kind = "vllm"
 
-    def __init__(self, workdir: Path, port: int | None = None, *extra: str) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, *extra: str,
+                 env: dict[str, str] | None = None) -> None:
         port = port or free_port()
         model = vllm_model(workdir)
         argv = [str(build.vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
@@ -75,7 +76,8 @@ class Vllm(Server):
                 "--num-gpu-blocks-override", "16", "--enable-prefix-caching", *extra]
         self.port = port
         base = f"http://127.0.0.1:{port}"
-        super().__init__(workdir, argv, f"vllm-{port}", _env(VLLM_CPU_KVCACHE_SPACE="1"),
+        super().__init__(workdir, argv, f"vllm-{port}",
+                         _env(VLLM_CPU_KVCACHE_SPACE="1", **(env or {})),
                          base, base + "/metrics", timeout=240)
 
 
