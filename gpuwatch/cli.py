@@ -158,16 +158,25 @@ def _engines_from_flags(config_file: str | None, urls: tuple[str, ...]) -> list[
 @click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
 @click.option("--no-actions", is_flag=True,
               help="Signal events only, without the remediation policy's planned actions.")
-def replay(recording, config_file, thresholds_file, as_json, no_actions) -> None:
+@click.option("--strict", is_flag=True,
+              help="Exit 1 when the recording is truncated (it is replayed up to the cut).")
+def replay(recording, config_file, thresholds_file, as_json, no_actions, strict) -> None:
     """Run the analyzers and policy over a recording and print the events."""
-    from gpuwatch.replay import replay_events
+    from gpuwatch.recording import ReadReport
+    from gpuwatch.replay import replay_events, truncation_warning
 
     overrides = {"thresholds": {"file": thresholds_file}} if thresholds_file else {}
     cfg = _load(config_file, overrides)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    report = ReadReport()
     try:
         replay_events(recording, cfg, as_json=as_json, out=sys.stdout,
-                      actions=not no_actions)
+                      actions=not no_actions, report=report)
     except ValueError as exc:
-        click.echo(f"gpuwatch: {exc}", err=True)
-        sys.exit(2)
+        click.echo(f"gpuwatch replay: {exc}", err=True)
+        sys.exit(exitcodes.USAGE)
+    warning = truncation_warning(recording, report)
+    if warning:
+        click.echo(f"gpuwatch replay: warning: {warning}", err=True)
+        if strict:
+            sys.exit(exitcodes.FAILURE)
