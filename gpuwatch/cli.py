@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 import click
@@ -180,3 +181,43 @@ def replay(recording, config_file, thresholds_file, as_json, no_actions, strict)
         click.echo(f"gpuwatch replay: warning: {warning}", err=True)
         if strict:
             sys.exit(exitcodes.FAILURE)
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="TOML configuration file (also GPUWATCH_CONFIG).")
+@click.option("--listen", callback=_check_listen, help="HOST:PORT the daemon would serve on.")
+@click.option("--rules-dir", type=click.Path(file_okay=False),
+              help="Where Prometheus loads gpuwatch's rules: checked against this version.")
+@click.option("--dashboards-dir", type=click.Path(file_okay=False),
+              help="Where gpuwatch's dashboards are provisioned: checked against this version.")
+def check(config_file, listen, rules_dir, dashboards_dir) -> None:
+    """Check the setup: one line per check (ok / warn / fail and the fix)."""
+    from gpuwatch.doctor import run_checks
+
+    cfg = _load(config_file, {"listen": listen})
+    source = config_file or os.environ.get("GPUWATCH_CONFIG") or "defaults (no file)"
+    failed = False
+    for finding in run_checks(cfg, source, rules_dir, dashboards_dir):
+        click.echo(finding.line())
+        failed |= finding.status == "fail"
+    sys.exit(exitcodes.FAILURE if failed else exitcodes.OK)
+
+
+@main.command("config")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="TOML configuration file (also GPUWATCH_CONFIG).")
+@click.option("--listen", callback=_check_listen, help="HOST:PORT, as given to run.")
+@click.option("--dry-run", is_flag=True, default=None, help="As given to run.")
+def config_command(config_file, listen, dry_run) -> None:
+    """Print the effective configuration as TOML: secrets masked, each value's origin."""
+    from gpuwatch.effective import render
+
+    flags: dict = {"listen": listen}
+    if dry_run:
+        flags["remediation"] = {"dry_run": True}
+    try:
+        click.echo(render(config_file, flags), nl=False)
+    except config_mod.ConfigError as exc:
+        click.echo(f"gpuwatch: configuration error: {exc}", err=True)
+        sys.exit(exitcodes.USAGE)
