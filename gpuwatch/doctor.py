@@ -99,8 +99,10 @@ def check_engines(cfg: Config) -> Iterator[Finding]:
                           "check the URL's path (/metrics) and the engine's metrics flag")
             continue
         except (OSError, ValueError) as exc:
+            # Down is a state the daemon watches (engine_down), not a setup error: engines may
+            # start after gpuwatch.
             reason = getattr(exc, "reason", None) or exc
-            yield Finding("fail", name, f"{eng.url} unreachable: {reason}",
+            yield Finding("warn", name, f"{eng.url} unreachable now: {reason}",
                           "start the engine, or fix url (and its metrics flag: SGLang "
                           "--enable-metrics, llama.cpp --metrics)")
             continue
@@ -193,10 +195,10 @@ def check_listen(cfg: Config) -> Finding:
     return Finding("ok", "listen", f"{url} is free")
 
 
-def _shipped(name: str, directory: str | None, render, suffixes: tuple[str, ...]) -> Finding:
+def _shipped(name: str, flag: str, directory: str | None, render,
+             suffixes: tuple[str, ...]) -> Finding:
     if not directory:
-        return Finding("warn", name, "not checked", f"pass --{name}-dir DIR where they are "
-                       "installed")
+        return Finding("warn", name, "not checked", f"pass {flag} DIR where they are installed")
     expected = render()
     stale = []
     for fname, text in expected.items():
@@ -217,9 +219,10 @@ def _shipped(name: str, directory: str | None, render, suffixes: tuple[str, ...]
 def check_artefacts(rules_dir: str | None, dashboards_dir: str | None) -> Iterator[Finding]:
     from gpuwatch.monitoring import dashboards, rules
 
-    yield _shipped("alerts", rules_dir, lambda: rules.render(rules.RuleParams(), "rules"),
-                   (".yml",))
-    yield _shipped("dashboards", dashboards_dir, dashboards.render, (".json",))
+    yield _shipped("alerts", "--rules-dir", rules_dir,
+                   lambda: rules.render(rules.RuleParams(), "rules"), (".yml",))
+    yield _shipped("dashboards", "--dashboards-dir", dashboards_dir, dashboards.render,
+                   (".json",))
 
 
 def run_checks(cfg: Config, source: str, rules_dir: str | None = None,

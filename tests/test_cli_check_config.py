@@ -92,7 +92,7 @@ def test_check_fails_with_the_fix(tmp_path, engine):
                      env={"STATE_DIRECTORY": str(tmp_path / "state")})
     assert r.returncode == 1, r.stdout + r.stderr
     got = lines_by_name(r.stdout)
-    assert got["engine gone"].startswith("fail") and "unreachable" in got["engine gone"]
+    assert got["engine gone"].startswith("warn") and "unreachable" in got["engine gone"]
     assert got["engine web"].startswith("fail") and "HTTP 404" in got["engine web"]
     assert got["listen"].startswith("fail") and "fix:" in got["listen"]
     assert got["alerts"].startswith("fail") and "gpuwatch.alerts.yml" in got["alerts"]

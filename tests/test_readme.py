@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from gpuwatch.config import load
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -29,3 +32,28 @@ def test_configuration_example_loads(tmp_path):
     assert cfg.engines[0].name == "llama-70b"
     assert cfg.signals.queue.slo_seconds == 2.0
     assert cfg.remediation.escalation[0].actions == ["snapshot", "flush", "signal"]
+
+
+@pytest.mark.integration
+def test_first_look_block_works_when_pasted(tmp_path):
+    """The block runs as written, with `gpuwatch` being this checkout and a free port."""
+    import subprocess
+    import sys
+
+    from tests.helpers import child_env
+
+    (block,) = blocks("bash")
+    shim = tmp_path / "bin" / "gpuwatch"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m gpuwatch "$@"\n')
+    shim.chmod(0o755)
+    env = child_env(PATH=f"{shim.parent}:/usr/bin:/bin",
+                    STATE_DIRECTORY=str(tmp_path / "state"))
+    script = block.replace("19400", str(free_port()))
+    r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], capture_output=True,
+                       text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("gpu_memory_zone", "engine_kv_cache_hit_ratio",
+                 "process_allocator_fragmentation_ratio"):
+        assert f"gpuwatch_{name}{{" in r.stdout, name
+    assert '"ready": true' in r.stdout
