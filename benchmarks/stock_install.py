@@ -27,6 +27,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -146,17 +147,24 @@ def copy_tree(dst: Path) -> None:
             shutil.copy2(src, dst / name)
 
 
+HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
+CHROOT_CA = "/etc/ssl/certs/outer-network-ca.crt"
+
+
 def chroot_argv(root: Path, command: str, cwd: str = "/root/gpuwatch") -> list[str]:
-    # A login-like, clean environment: what a root shell on a fresh Debian 12 has.
+    # A login-like, clean environment: what a root shell on a fresh Debian 12 has. The only
+    # thing taken from the outer machine is its CA bundle, for networks that intercept TLS
+    # (pip reads PIP_CERT); on an open network it changes nothing.
+    ca = [f"PIP_CERT={CHROOT_CA}"] if (root / CHROOT_CA.lstrip("/")).exists() else []
     return ["env", "-i", "HOME=/root", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:"
             "/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive", "LANG=C.UTF-8",
-            f"GPUWATCH_LISTEN=127.0.0.1:{PORT}", "chroot", str(root),
+            f"GPUWATCH_LISTEN=127.0.0.1:{PORT}", *ca, "chroot", str(root),
             "/bin/sh", "-c", f"cd {cwd} && {command}"]
 
 
-def wait_ready(timeout: float) -> bool:
+def wait_ready(timeout: float, proc: subprocess.Popen) -> bool:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         with contextlib.suppress(OSError), urllib.request.urlopen(
                 f"http://127.0.0.1:{PORT}/readyz", timeout=2) as r:
             if r.status == 200:
@@ -175,6 +183,8 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (debootstrap, chroot, mount)")
+    # SIGTERM unwinds like Ctrl-C, so the bind mounts are released before anything is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run_cmd, test_cmd = readme_commands()
     if args.tests:
         test_cmd = f"{test_cmd} -p no:cacheprovider {args.tests}"
@@ -188,19 +198,23 @@ def main() -> int:
             if args.bootstrap_only:
                 return 0
             shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
+            if os.path.exists(HOST_CA):
+                (root / CHROOT_CA.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(HOST_CA, root / CHROOT_CA.lstrip("/"))
             copy_tree(root / "root/gpuwatch")
             with mounted(root):
                 log(fh, "python in the root: " + subprocess.run(
                     ["chroot", str(root), "sh", "-c", "command -v python3 || echo none"],
                     capture_output=True, text=True).stdout.strip())
                 log(fh, f"RUN command (README): {run_cmd}")
-                # apt's lists are empty on a fresh system: the README says to update first.
-                daemon = subprocess.Popen(chroot_argv(root, run_cmd),
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                ok = wait_ready(1200)
-                daemon.terminate()
-                out = daemon.communicate(timeout=60)[0].decode(errors="replace")
-                fh.write(out[-20000:])
+                daemon = subprocess.Popen(chroot_argv(root, run_cmd), stdout=fh,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
+                ok = wait_ready(1200, daemon)
+                if daemon.poll() is None:
+                    # sh -c ... && gpuwatch run: the daemon is sh's child, in its group.
+                    os.killpg(daemon.pid, signal.SIGTERM)
+                daemon.wait(timeout=60)
+                fh.flush()
                 results["run"] = "ok: /readyz answered 200" if ok else "FAILED"
                 log(fh, f"run command: {results['run']}; daemon exit {daemon.returncode}")
                 log(fh, f"TEST command (README): {test_cmd}")
