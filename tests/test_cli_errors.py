@@ -12,7 +12,7 @@ import pytest
 
 from gpuwatch.recording import Recorder
 from tests.helpers import child_env
-from tests.test_recording import ticks
+from tests.test_recording import ticks, write_torn
 
 # (argv, what stderr must name). {tmp} is the test's directory.
 CASES = [
@@ -110,13 +110,7 @@ def test_truncated_recording_is_replayed_to_the_cut_with_a_warning(tmp_path):
     strict = gpuwatch("replay", "--strict", str(path))
     assert strict.returncode == 1 and "truncated" in strict.stderr
 
-    torn = tmp_path / "torn.jsonl"
-    rec = Recorder(str(torn), host="h", interval_s=3)
-    for t in ticks(3):
-        rec.write(t)
-    rec.close()
-    with open(torn, "a") as f:
-        f.write('{"t": 1009.0, "gpus": [{"ind')
+    torn = write_torn(tmp_path / "torn.jsonl")
     r = gpuwatch("replay", "--strict", str(torn))
     assert r.returncode == 1 and "line 5 is torn" in r.stderr and "3 ticks" in r.stderr
 
