@@ -37,7 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"
-DEFAULT_TESTS = "tests/test_readme.py tests/test_cli_errors.py tests/test_deploy_files.py"
+DEFAULT_TESTS = ("tests/test_readme.py tests/test_cli_errors.py tests/test_cli_check_config.py "
+                 "tests/test_deploy_files.py tests/test_startup_log.py")
 # The run command's daemon listens here, given by GPUWATCH_LISTEN: the command stays as written.
 PORT = 19471
 
@@ -130,6 +131,20 @@ def mounted(root: Path):
             subprocess.run(["umount", "-R", str(dst)], check=False)
 
 
+def stop_leftovers(root: Path) -> list[int]:
+    """Stop processes still running inside the root (a daemon a failed test left), by pid."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "root").startswith(str(root)):
+                    pids.append(int(entry.name))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
 def still_mounted(work: Path) -> list[str]:
     with open("/proc/self/mounts") as f:
         return [line.split()[1] for line in f if line.split()[1].startswith(str(work))]
@@ -151,14 +166,15 @@ HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 CHROOT_CA = "/etc/ssl/certs/outer-network-ca.crt"
 
 
-def chroot_argv(root: Path, command: str, cwd: str = "/root/gpuwatch") -> list[str]:
+def chroot_argv(root: Path, command: str, cwd: str = "/root/gpuwatch",
+                extra: tuple[str, ...] = ()) -> list[str]:
     # A login-like, clean environment: what a root shell on a fresh Debian 12 has. The only
     # thing taken from the outer machine is its CA bundle, for networks that intercept TLS
     # (pip reads PIP_CERT); on an open network it changes nothing.
     ca = [f"PIP_CERT={CHROOT_CA}"] if (root / CHROOT_CA.lstrip("/")).exists() else []
     return ["env", "-i", "HOME=/root", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:"
             "/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive", "LANG=C.UTF-8",
-            f"GPUWATCH_LISTEN=127.0.0.1:{PORT}", *ca, "chroot", str(root),
+            *extra, *ca, "chroot", str(root),
             "/bin/sh", "-c", f"cd {cwd} && {command}"]
 
 
@@ -207,7 +223,8 @@ def main() -> int:
                     ["chroot", str(root), "sh", "-c", "command -v python3 || echo none"],
                     capture_output=True, text=True).stdout.strip())
                 log(fh, f"RUN command (README): {run_cmd}")
-                daemon = subprocess.Popen(chroot_argv(root, run_cmd), stdout=fh,
+                listen = (f"GPUWATCH_LISTEN=127.0.0.1:{PORT}",)
+                daemon = subprocess.Popen(chroot_argv(root, run_cmd, extra=listen), stdout=fh,
                                           stderr=subprocess.STDOUT, start_new_session=True)
                 ok = wait_ready(1200, daemon)
                 if daemon.poll() is None:
@@ -220,6 +237,10 @@ def main() -> int:
                 log(fh, f"TEST command (README): {test_cmd}")
                 rc = run_logged(fh, chroot_argv(root, test_cmd), 3600)
                 results["test"] = "ok" if rc == 0 else f"FAILED (exit {rc})"
+                left = stop_leftovers(root)
+                if left:
+                    log(fh, f"stopped processes left in the root: {left}")
+                    time.sleep(1)
         finally:
             # Never remove a tree that still has the host's /dev or /sys bound inside it.
             left = still_mounted(work)

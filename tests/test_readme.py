@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
 
 from gpuwatch.config import load
-from tests.helpers import free_port
+from tests.helpers import free_port, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -42,6 +45,7 @@ def test_first_look_block_works_when_pasted(tmp_path):
 
     from tests.helpers import child_env
 
+    require_binary("curl")  # the README's install commands install it
     (block,) = blocks("bash")
     shim = tmp_path / "bin" / "gpuwatch"
     shim.parent.mkdir()
@@ -50,8 +54,16 @@ def test_first_look_block_works_when_pasted(tmp_path):
     env = child_env(PATH=f"{shim.parent}:/usr/bin:/bin",
                     STATE_DIRECTORY=str(tmp_path / "state"))
     script = block.replace("19400", str(free_port()))
-    r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], capture_output=True,
-                       text=True, timeout=120, env=env, cwd=tmp_path)
+    # Its own session, so a daemon the block leaves behind on failure is stopped with it.
+    p = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", script], text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=150)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("gpu_memory_zone", "engine_kv_cache_hit_ratio",
                  "process_allocator_fragmentation_ratio"):
