@@ -54,8 +54,9 @@ def test_first_look_block_works_when_pasted(tmp_path):
     env = child_env(PATH=f"{shim.parent}:/usr/bin:/bin",
                     STATE_DIRECTORY=str(tmp_path / "state"))
     script = block.replace("19400", str(free_port()))
-    # Its own session, so a daemon the block leaves behind on failure is stopped with it.
-    p = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", script], text=True,
+    # As pasted into a shell (no -e: `| head` may cut json.tool short). Its own session, so a
+    # daemon the block leaves behind on failure is stopped with it.
+    p = subprocess.Popen(["bash", "-c", script], text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
                          start_new_session=True)
     try:
