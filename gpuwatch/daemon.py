@@ -15,13 +15,14 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from gpuwatch import __version__, exitcodes, logfmt
+from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
 from gpuwatch import config as config_mod
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
@@ -43,8 +44,12 @@ RECENT_EVENTS = 200
 
 class Daemon:
     def __init__(self, cfg: Config, config_path: str | None = None,
-                 overrides: dict[str, Any] | None = None) -> None:
+                 overrides: dict[str, Any] | None = None,
+                 web: webconfig.WebConfig | None = None) -> None:
+        redact.remember(cfg)
         self.config = cfg
+        self.web = web
+        self.guard: webconfig.Guard | None = None
         self.config_path = config_path
         self.overrides = overrides or {}
         self.host = socket.gethostname()
@@ -136,7 +141,7 @@ class Daemon:
         if self._events_log is None:
             return
         try:
-            self._events_log.write(to_json(ev) + "\n")
+            self._events_log.write(redact.scrub_text(to_json(ev)) + "\n")
             self._events_log.flush()
         except OSError as exc:
             log.error("events log stopped: %s", exc)
@@ -213,10 +218,11 @@ class Daemon:
         except ConfigError as exc:
             log.error("configuration reload rejected, keeping the current one: %s", exc)
             return False
+        redact.remember(new)
         old, self.config = self.config, new
-        if new.listen != old.listen:
-            log.warning("listen address changes need a restart; still serving on %s",
-                        old.listen)
+        if (new.listen, new.web_config) != (old.listen, old.web_config):
+            log.warning("listen address and web_config changes need a restart; still serving "
+                        "on %s", old.listen)
         if (new.signals, new.thresholds) != (old.signals, old.thresholds):
             try:
                 self.pipeline = Pipeline.from_config(new)
@@ -228,6 +234,8 @@ class Daemon:
                 log.info("signals rebuilt from the new configuration (windows restart)")
         if (new.engines, new.discovery) != (old.engines, old.discovery):
             self._start_engines()
+        if self.guard is not None and new.web_config == old.web_config:
+            self._reload_web(new.web_config)
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             try:
@@ -239,6 +247,18 @@ class Daemon:
                     self.config, remediation=old.remediation, webhook=old.webhook)
         log.info("configuration reloaded")
         return True
+
+    def _reload_web(self, path: str) -> None:
+        try:
+            wc = webconfig.load(path)
+            restart = self.guard.update(wc)
+        except (webconfig.WebConfigError, ssl.SSLError, OSError) as exc:
+            log.error("web config reload rejected, keeping the current one: %s", exc)
+            return
+        if restart:
+            log.warning("web config: %s changes need a restart", ", ".join(restart))
+        else:
+            log.info("web config reloaded")
 
     # -- running ----------------------------------------------------------------------
     def _open_outputs(self) -> str | None:
@@ -288,7 +308,10 @@ class Daemon:
                 k.split(":", 1)[1] for k in self.sources
                 if k.startswith("engine:") and k.split(":", 1)[1] not in configured),
             "discovery": cfg.discovery.enabled,
-            "url": logfmt.listen_url(host, port), "backend": self.backend.name,
+            "url": logfmt.listen_url(host, port, "https" if self.guard is not None
+                                     and self.guard.context is not None else "http"),
+            "backend": self.backend.name + (", basic auth" if self.web is not None
+                                            and self.web.users else ""),
             "require_gpu": cfg.require_gpu,
         })
 
@@ -304,6 +327,14 @@ class Daemon:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
         try:
+            if self.web is None and self.config.web_config:
+                self.web = webconfig.load(self.config.web_config)
+            if self.web is not None:
+                self.guard = webconfig.Guard(self.web)
+        except webconfig.WebConfigError as exc:
+            log.error("%s", exc)
+            return exitcodes.USAGE
+        try:
             self.remediator = self._make_remediator()
         except (ValueError, OSError) as exc:
             log.error("remediation: %s", exc)
@@ -313,11 +344,17 @@ class Daemon:
             log.error("%s", problem)
             await self.remediator.close()
             return exitcodes.USAGE
-        app = make_app(lambda: self.snapshot, self.renderer,
-                       extra_routes=self.remediator.routes())
+        routes = self.remediator.routes()
+        tls = None
+        if self.guard is not None:
+            self.guard.bearer = frozenset(r.path for r in routes)  # they check their own token
+            tls = self.guard.context
+        app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
+                       guard=self.guard)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True)
+        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True,
+                           ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
@@ -326,6 +363,10 @@ class Daemon:
             await self.remediator.close()
             self._close_outputs()
             return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
+        # "serving on" comes in the startup summary, after the first tick names the GPUs.
+        if self.web is not None and self.web.users and tls is None:
+            log.warning("basic auth without tls_server_config: passwords cross the network "
+                        "in clear")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)

@@ -9,15 +9,16 @@ import os
 from typing import Any
 
 from gpuwatch import config as config_mod
+from gpuwatch.redact import config_for_display
 from gpuwatch.tomlfile import read_toml
 
 ORIGINS = ("default", "file", "environment", "flag")
 
 
 def display_config(cfg: config_mod.Config) -> dict[str, Any]:
-    """The configuration as plain data with every secret masked: the one place `gpuwatch
-    config` (and anything else that shows a configuration) gets it from."""
-    return config_mod.to_dict(cfg)
+    """The configuration as plain data with every secret masked (redact's one list of
+    secret-bearing fields): what `gpuwatch config` prints."""
+    return config_for_display(cfg)
 
 
 def _leaves(data: Any, prefix: tuple = ()) -> set[tuple]:

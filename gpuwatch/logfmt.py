@@ -84,9 +84,9 @@ def url_host(host: str) -> str:
     return host
 
 
-def listen_url(host: str, port: int) -> str:
+def listen_url(host: str, port: int, scheme: str = "http") -> str:
     """http://HOST:PORT/ for a parsed listen address; '' (all interfaces) shows as 0.0.0.0."""
-    return f"http://{url_host(host or '0.0.0.0')}:{port}/"
+    return f"{scheme}://{url_host(host or '0.0.0.0')}:{port}/"
 
 
 def summary_lines(facts: dict[str, Any]) -> list[str]:
