@@ -79,8 +79,9 @@ def log(fh, msg: str) -> None:
     fh.flush()
 
 
-def run_logged(fh, argv: list[str], timeout: float, env: dict | None = None) -> int:
-    log(fh, "$ " + " ".join(argv))
+def run_logged(fh, argv: list[str], timeout: float, env: dict | None = None,
+               shown: list[str] | None = None) -> int:
+    log(fh, "$ " + " ".join(shown or argv))
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     assert proc.stdout is not None
@@ -103,8 +104,9 @@ def bootstrap(fh, target: Path) -> None:
     tarball = cache / f"{SUITE}-debootstrap{debootstrap_version()}-{today}.tar"
     if not tarball.exists():
         fresh = target.parent / "fresh"
-        rc = run_logged(fh, ["debootstrap", "--variant=minbase", SUITE, str(fresh),
-                             apt_mirror()], 1800)
+        argv = ["debootstrap", "--variant=minbase", SUITE, str(fresh)]
+        # The mirror stays out of the log: it is this machine's apt configuration.
+        rc = run_logged(fh, [*argv, apt_mirror()], 1800, shown=[*argv, "<apt's mirror>"])
         if rc:
             raise SystemExit(f"debootstrap failed ({rc})")
         tmp = tarball.with_suffix(".part")
