@@ -34,10 +34,14 @@ def _load(config_file: str | None, overrides: dict) -> config_mod.Config:
     try:
         return config_mod.load(config_file, overrides=overrides)
     except config_mod.ConfigError as exc:
-        from gpuwatch.redact import scrub_text
+        _config_error(exc)
 
-        click.echo(f"gpuwatch: configuration error: {scrub_text(str(exc))}", err=True)
-        sys.exit(exitcodes.USAGE)
+
+def _config_error(exc: config_mod.ConfigError):
+    from gpuwatch.redact import scrub_text
+
+    click.echo(f"gpuwatch: configuration error: {scrub_text(str(exc))}", err=True)
+    sys.exit(exitcodes.USAGE)
 
 
 def _one_line(text: str) -> str:
@@ -240,5 +244,4 @@ def config_command(config_file, listen, dry_run) -> None:
     try:
         click.echo(render(config_file, flags), nl=False)
     except config_mod.ConfigError as exc:
-        click.echo(f"gpuwatch: configuration error: {exc}", err=True)
-        sys.exit(exitcodes.USAGE)
+        _config_error(exc)
