@@ -203,6 +203,7 @@ def test_systemd_security_score_is_the_documented_one():
     assert score <= 4.0, r.stdout  # was 9.0 UNSAFE before the hardening
     doc = (REPO / "docs" / "deployment.md").read_text()
     assert f"{m[1]} {m[2]}" in doc, "docs/deployment.md must record the current score"
+    assert f"scores it {m[1]} {m[2]}" in UNIT.read_text(), "so must the unit's header"
 
 
 def test_prometheus_config_passes_promtool_where_it_stands():
