@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from gpuwatch.engines.analyzer import EngineAnalyzer
 from gpuwatch.engines.config import (
     DiscoveryConfig,
     EngineConfig,
@@ -19,6 +18,7 @@ from gpuwatch.engines.config import (
 from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.engine import EngineAnalyzer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 BOUNDS = (0.5, 1.0, 2.0, 5.0, 10.0)

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from gpuwatch.engines.analyzer import EngineAnalyzer
 from gpuwatch.engines.normalize import read
 from gpuwatch.engines.state import EngineState
 from gpuwatch.exporter.families import engines as engine_family
@@ -19,6 +18,7 @@ from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.engine import EngineAnalyzer
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "engines").glob("*.prom"))
 TEXTS = [f.read_text() for f in FIXTURES]

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpuwatch.engines.windows import CounterBank, Window, histogram_quantile
+from gpuwatch.signals.windows import CounterBank, Window, histogram_quantile
 
 INF = math.inf
 

@@ -13,11 +13,11 @@ from gpuwatch.engines.config import DiscoveryConfig, KvCacheSignalConfig, QueueS
 from gpuwatch.engines.normalize import common as c
 from gpuwatch.engines.normalize import read
 from gpuwatch.engines.state import EngineState
-from gpuwatch.engines.windows import CounterBank, Window, histogram_quantile
 from gpuwatch.events import Event
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.windows import CounterBank, Window, histogram_quantile
 
 SIGNALS = ("engine_down", "kv_cache_hit_ratio", "queue_latency")
 ALL_MISSING_KEYS = (
