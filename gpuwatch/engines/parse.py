@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 SUFFIXES = ("", "_total", "_bucket", "_count", "_sum")
-# Bounds on hostile input: a line this long or a scrape with this many kept lines is not
-# a real engine's exposition.
+# Bounds on hostile input: a line this long or a scrape with more kept lines than this (the
+# default of an endpoint's max_series) is not a real engine's exposition.
 MAX_LINE_CHARS = 64 * 1024
 MAX_KEPT_LINES = 20_000
 
@@ -53,9 +53,13 @@ def _line_name(line: str) -> str:
 
 
 def select_lines(
-    text: str, prefixes: tuple[str, ...], wanted: frozenset[str]
+    text: str, prefixes: tuple[str, ...], wanted: frozenset[str],
+    max_lines: int = MAX_KEPT_LINES,
 ) -> tuple[list[str], int]:
-    """Sample lines whose metric name starts with a prefix and is wanted; (lines, dropped)."""
+    """Sample lines whose metric name starts with a prefix and is wanted; (lines, dropped).
+
+    At most max_lines are kept: past that, the rest of the text is not read.
+    """
     lines: list[str] = []
     dropped = 0
     for prefix in prefixes:
@@ -74,7 +78,7 @@ def select_lines(
             if len(line) > MAX_LINE_CHARS:
                 dropped += 1
             elif _line_name(line) in wanted:
-                if len(lines) >= MAX_KEPT_LINES:
+                if len(lines) >= max_lines:
                     dropped += 1
                     break  # not a real engine's exposition: stop reading it
                 lines.append(line)
@@ -113,9 +117,12 @@ def _add(expo: Exposition, families) -> None:
 
 # Series text ("name{labels}") -> (name, label key), parsed once by prometheus_client's
 # parser: label sets repeat from scrape to scrape, only values change, and label parsing is
-# most of the parser's cost (replay reads one scrape per tick for a day of ticks).
+# most of the parser's cost (replay reads one scrape per tick for a day of ticks). Bounded
+# in entries and key length: label values are the endpoint's choice, and one that churns
+# them must not grow the cache (about 5 MB at most).
 _SERIES_CACHE: dict[str, tuple[str, LabelKey]] = {}
-_SERIES_CACHE_MAX = 50_000
+_SERIES_CACHE_MAX = 8192
+_SERIES_CACHE_KEY_CHARS = 256
 
 
 def _series(series: str) -> tuple[str, LabelKey] | None:
@@ -127,9 +134,12 @@ def _series(series: str) -> tuple[str, LabelKey] | None:
         (sample,) = [s for f in families for s in f.samples]
     except Exception:
         return None
+    hit = (sample.name, _label_key(sample.labels))
+    if len(series) > _SERIES_CACHE_KEY_CHARS:
+        return hit
     if len(_SERIES_CACHE) >= _SERIES_CACHE_MAX:
         _SERIES_CACHE.clear()  # hostile churn of label values: start over, stay bounded
-    hit = _SERIES_CACHE[series] = (sample.name, _label_key(sample.labels))
+    _SERIES_CACHE[series] = hit
     return hit
 
 
@@ -160,10 +170,11 @@ def _add_cached(expo: Exposition, lines: list[str]) -> list[str]:
     return rest
 
 
-def parse(text: str, prefixes: tuple[str, ...], wanted: frozenset[str]) -> Exposition:
+def parse(text: str, prefixes: tuple[str, ...], wanted: frozenset[str],
+          max_lines: int = MAX_KEPT_LINES) -> Exposition:
     """Parse the wanted series of an exposition; never raises on bad input."""
     expo = Exposition()
-    lines, dropped = select_lines(text, prefixes, wanted)
+    lines, dropped = select_lines(text, prefixes, wanted, max_lines)
     if dropped:
         expo.skipped_lines += dropped
         expo.notes.append(f"{dropped} over-long or excess line(s) ignored")

@@ -224,7 +224,10 @@ class EngineSource:
             wanted[name] = EngineConfig(
                 name=name, url=f.url, kind=f.kind,
                 interval_seconds=d.scrape_interval_seconds, timeout_seconds=d.timeout_seconds,
-                max_body_bytes=d.max_body_bytes, down_after_failures=d.down_after_failures,
+                max_body_bytes=d.max_body_bytes, max_series=d.max_series,
+                max_series_groups=d.max_series_groups,
+                forget_group_after_scrapes=d.forget_group_after_scrapes,
+                down_after_failures=d.down_after_failures,
             )
             pids[name] = f.pids
         self.pids = pids

@@ -9,7 +9,7 @@ from __future__ import annotations
 from gpuwatch.engines.detect import describe_unrecognized, detect_kind
 from gpuwatch.engines.normalize import llamacpp, sglang, tgi, triton, vllm
 from gpuwatch.engines.normalize.common import Reading
-from gpuwatch.engines.parse import help_text, parse, select_lines
+from gpuwatch.engines.parse import MAX_KEPT_LINES, help_text, parse, select_lines
 
 MODULES = {
     "vllm": vllm,
@@ -22,7 +22,7 @@ MODULES = {
 __all__ = ["MODULES", "Reading", "compact", "read"]
 
 
-def compact(text: str, kind: str = "auto") -> str:
+def compact(text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES) -> str:
     """Only what read() uses of an exposition: the wanted sample lines and their # HELP.
 
     The engine source keeps this (not the whole scrape) in the sample, so the live analysis,
@@ -34,14 +34,16 @@ def compact(text: str, kind: str = "auto") -> str:
     module = MODULES.get(kind or "")
     if module is None:
         return text
-    lines, _ = select_lines(text, module.PREFIXES, module.WANTED)
+    lines, _ = select_lines(text, module.PREFIXES, module.WANTED, max_series)
     if not lines:
         return text  # read() explains why from the whole text
     helps = [f"# HELP {n} {h}" for n in sorted(module.WANTED) if (h := help_text(text, n))]
     return "\n".join([*helps, *lines]) + "\n"
 
 
-def read(text: str, kind: str = "auto") -> tuple[Reading | None, str]:
+def read(
+    text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES
+) -> tuple[Reading | None, str]:
     """(reading, '') for an exposition gpuwatch understands, else (None, why not).
 
     kind 'auto' recognizes the engine from its metric names; an explicit kind is trusted
@@ -53,7 +55,7 @@ def read(text: str, kind: str = "auto") -> tuple[Reading | None, str]:
             return None, describe_unrecognized(text)
         kind = detected
     module = MODULES[kind]
-    expo = parse(text, module.PREFIXES, module.WANTED)
+    expo = parse(text, module.PREFIXES, module.WANTED, max_series)
     if not any(name != "process_start_time_seconds" for name in expo.samples):
         why = f"no {kind} metrics in the response"
         if detected and detected != kind:
