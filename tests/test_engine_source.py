@@ -40,14 +40,12 @@ def cfg(port: int, path: str = "/metrics", **kw) -> EngineConfig:
 
 
 async def scrape_once(handlers: dict, path: str = "/metrics", **kw):
-    import aiohttp
-
-    from gpuwatch.sources.engines import _headers
+    from gpuwatch.sources.engines import session_for
 
     runner, port = await serve(handlers)
     try:
         c = cfg(port, path, **kw)
-        async with aiohttp.ClientSession(headers=_headers(c)) as session:
+        async with session_for(c) as session:
             return await scrape(session, c, pids=[7])
     finally:
         await runner.cleanup()
@@ -271,3 +269,103 @@ def test_configured_local_engines_get_the_listening_process_pids():
     samples = asyncio.run(go())
     assert samples and samples[-1].error is None
     assert os.getpid() in samples[-1].pids
+
+
+def test_no_redirect_to_another_host_and_no_header_sent_there():
+    """Two real servers on loopback (another port is another host): the engine redirects
+    to the other one, which must see neither the token nor the custom header, and whose
+    body must not be taken as the engine's."""
+    other_seen = []
+
+    async def other(request):
+        other_seen.append(dict(request.headers))
+        return web.Response(text=VLLM)
+
+    async def go():
+        other_runner, other_port = await serve({"/metrics": other})
+
+        async def redirect(request):
+            raise web.HTTPFound(f"http://127.0.0.1:{other_port}/metrics")
+
+        try:
+            return await scrape_once({"/metrics": redirect}, bearer_token="t0ken-1",
+                                     headers={"X-Api-Key": "k3y-2"})
+        finally:
+            await other_runner.cleanup()
+
+    for _ in range(5):
+        s = asyncio.run(go())
+        assert s.exposition is None and "redirected to another host" in s.error
+        assert "t0ken-1" not in s.error and "k3y-2" not in s.error
+    assert other_seen == []
+
+
+def test_a_redirect_on_the_same_host_is_followed_with_the_headers():
+    seen = {}
+
+    async def moved(request):
+        raise web.HTTPMovedPermanently("/real")
+
+    async def real(request):
+        seen.update(request.headers)
+        return web.Response(text=VLLM)
+
+    s = asyncio.run(scrape_once({"/metrics": moved, "/real": real}, headers={"X-Api-Key": "k"}))
+    assert s.error is None and s.exposition == compact(VLLM)
+    assert seen["X-Api-Key"] == "k"
+
+    async def loop(request):
+        raise web.HTTPFound("/metrics")
+
+    s = asyncio.run(scrape_once({"/metrics": loop}))
+    assert s.error == "more than 3 redirects"
+
+
+def test_a_gzip_bomb_is_refused_at_the_cap():
+    bomb = gzip.compress(b"\n" * (64 * 2**20), compresslevel=9)  # 64 MiB of newlines
+
+    async def h(request):
+        return web.Response(body=bomb, headers={"Content-Encoding": "gzip"})
+
+    assert len(bomb) < 200_000
+    s = asyncio.run(scrape_once({"/metrics": h}, max_body_bytes=2**20))
+    assert s.exposition is None and "decompressed response is over the 1048576" in s.error
+
+
+def test_an_unrecognised_body_keeps_only_a_short_excerpt():
+    async def h(request):
+        return web.Response(text="hello there " * 200_000)  # 2.4 MB of prose
+
+    s = asyncio.run(scrape_once({"/metrics": h}))
+    assert s.exposition is None and "it starts with 'hello there hello" in s.error
+    assert len(s.error) < 400
+
+
+def test_reading_a_huge_body_does_not_block_the_event_loop():
+    """15 MB of valid exposition: the loop keeps ticking while it is read."""
+    lines = [f'vllm:num_requests_running{{engine="{i}",model_name="{"m" * 100}"}} 1'
+             for i in range(110_000)]
+    body = ("\n".join(lines) + "\n").encode()
+    assert len(body) > 14_000_000
+
+    async def h(request):
+        return web.Response(body=body)
+
+    async def go():
+        lags = []
+
+        async def ticker():
+            loop = asyncio.get_running_loop()
+            while True:
+                t = loop.time()
+                await asyncio.sleep(0.005)
+                lags.append(loop.time() - t - 0.005)
+
+        task = asyncio.create_task(ticker())
+        s = await scrape_once({"/metrics": h}, max_body_bytes=32 * 2**20)
+        task.cancel()
+        return s, lags
+
+    s, lags = asyncio.run(go())
+    assert s.error is None and s.reading[0].ranks > 0
+    assert max(lags) < 0.15, f"the loop stalled {max(lags):.3f}s"

@@ -2,8 +2,13 @@
 
 Each endpoint runs in its own task with its own aiohttp session, a deadline per scrape
 and a cap on the response size, so a slow, huge or broken endpoint delays nobody else.
+Decompressing, decoding and reading the body run on a small thread pool, never on the
+event loop, bounded in bytes (max_body_bytes, after decompression) and in series kept
+(max_series). A redirect is followed only to the same scheme, host and port, so configured
+headers and tokens never reach another host.
 Every scrape, failed ones included, becomes an EngineSample for the sink: the recording
-keeps errors too, so an engine going down replays exactly.
+keeps errors too, so an engine going down replays exactly. A body gpuwatch does not
+understand is not kept: the error says why, with a short excerpt.
 """
 
 from __future__ import annotations
@@ -11,15 +16,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+from yarl import URL
 
 from gpuwatch import __version__
 from gpuwatch.engines import discovery as disc
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
-from gpuwatch.engines.normalize import compact
+from gpuwatch.engines.normalize import Reading, compact, read
 from gpuwatch.engines.urls import engines_from_urls, host_port, is_local, same_local_endpoint
 from gpuwatch.model import EngineSample
 
@@ -29,6 +37,12 @@ log = logging.getLogger(__name__)
 # with text, and any content type is accepted (some send application/octet-stream).
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 CHUNK = 64 * 1024
+MAX_REDIRECTS = 3
+EXCERPT_CHARS = 80
+# Bodies are read by a pool of their own, so a flood of huge scrapes queues there and never
+# starves the NVML sampling of the default executor.
+PARSE_THREADS = 2
+_pool: ThreadPoolExecutor | None = None
 
 Sink = Callable[[EngineSample], None]
 
@@ -49,7 +63,8 @@ def redact(url: str) -> str:
 
 
 def _headers(cfg: EngineConfig) -> dict[str, str]:
-    headers = {"Accept": ACCEPT, "User-Agent": f"gpuwatch/{__version__}"}
+    headers = {"Accept": ACCEPT, "Accept-Encoding": "gzip, deflate",
+               "User-Agent": f"gpuwatch/{__version__}"}
     headers.update(cfg.headers)
     if cfg.bearer_token:
         headers["Authorization"] = f"Bearer {cfg.bearer_token}"
@@ -65,6 +80,99 @@ def _describe(exc: BaseException) -> str:
     elif not isinstance(exc, aiohttp.ClientError):
         text = f"{type(exc).__name__}: {text}"
     return text[:300]
+
+
+def session_for(cfg: EngineConfig) -> aiohttp.ClientSession:
+    """The endpoint's session: its headers, one connection, bodies left compressed (they
+    are decompressed with a bound off the loop), no session-wide timeout (scrape() has one)."""
+    return aiohttp.ClientSession(
+        headers=_headers(cfg), connector=aiohttp.TCPConnector(limit=1),
+        timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False,
+    )
+
+
+def _parse_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="gpuwatch-engine-read")
+    return _pool
+
+
+def origin(url: str | URL) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in."""
+    u = URL(str(url))
+    return (u.scheme.lower(), (u.host or "").lower(), u.port)
+
+
+def _decompress(body: bytes, encoding: str, cap: int) -> tuple[bytes | None, str]:
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body, ""
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        return None, f"unsupported Content-Encoding {encoding[:40]!r}"
+    # gzip, or deflate as zlib (RFC 9110) or, as some servers send it, raw
+    tries = (16 + zlib.MAX_WBITS,) if "gzip" in encoding else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+    for wbits in tries:
+        d = zlib.decompressobj(wbits)
+        try:
+            out = d.decompress(body, cap + 1)  # never more than the cap, whatever the ratio
+        except zlib.error:
+            continue
+        if len(out) > cap or d.unconsumed_tail:
+            return None, f"decompressed response is over the {cap}-byte limit"
+        return out, ""
+    return None, f"the {encoding} body could not be decompressed"
+
+
+def prepare(
+    body: bytes, encoding: str, kind: str, cap: int, max_series: int
+) -> tuple[str | None, Reading | None, str]:
+    """Body -> (text to record, its reading, '') or (None, None, why). Runs off the loop.
+
+    The text is what read() uses of the body (compact), and the reading is read() of that
+    very text, so the live analysis and a replay of the recording agree.
+    """
+    data, why = _decompress(body, encoding, cap)
+    if data is None:
+        return None, None, why
+    text = data.decode("utf-8", errors="replace")
+    kept = compact(text, kind, max_series)
+    reading, why = read(kept, kind, max_series)
+    if reading is None:
+        excerpt = text.lstrip()[:EXCERPT_CHARS]
+        return None, None, f"{why[:200]}; it starts with {excerpt!r}"
+    return kept, reading, ""
+
+
+async def _fetch(
+    session: aiohttp.ClientSession, cfg: EngineConfig
+) -> tuple[bytes | None, str, str]:
+    """(body, Content-Encoding, '') or (None, '', why). Redirects only to the same origin."""
+    url = URL(cfg.url)
+    home = origin(url)
+    for _ in range(MAX_REDIRECTS + 1):
+        async with session.get(url, allow_redirects=False) as resp:
+            if resp.status in (301, 302, 303, 307, 308):
+                location = resp.headers.get("Location", "")
+                try:
+                    target = url.join(URL(location))
+                except ValueError:
+                    return None, "", f"HTTP {resp.status} with an invalid Location"
+                if origin(target) != home:
+                    where = f"{target.scheme}://{target.host}:{target.port}"
+                    return None, "", (f"redirected to another host ({where[:120]}): not "
+                                      "followed, so the configured headers stay with their host")
+                url = target
+                continue
+            if resp.status != 200:
+                return None, "", f"HTTP {resp.status} {resp.reason or ''}".strip()
+            body, why = await _read_capped(resp, cfg.max_body_bytes)
+            if body is None:
+                return None, "", why
+            encoding = "" if session.auto_decompress else resp.headers.get(
+                "Content-Encoding", "")
+            return body, encoding, ""
+    return None, "", f"more than {MAX_REDIRECTS} redirects"
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> tuple[bytes | None, str]:
@@ -89,30 +197,38 @@ async def scrape(
     t = clock()
     t0 = time.perf_counter()
     text: str | None = None
+    reading: Reading | None = None
     error: str | None = None
+    body: bytes | None = None
     try:
         async with asyncio.timeout(cfg.timeout_seconds):
-            async with session.get(cfg.url) as resp:
-                if resp.status != 200:
-                    error = f"HTTP {resp.status} {resp.reason or ''}".strip()
-                else:
-                    body, why = await _read_capped(resp, cfg.max_body_bytes)
-                    if body is None:
-                        error = why
-                    else:
-                        text = compact(body.decode("utf-8", errors="replace"), cfg.kind)
+            body, encoding, error = await _fetch(session, cfg)
     except TimeoutError:
         error = f"no complete response within {cfg.timeout_seconds:g}s"
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         error = _describe(exc)
-    return EngineSample(
+    # The duration is the engine's answer; reading it (queued behind other endpoints'
+    # bodies, maybe) is gpuwatch's own time and never makes an engine late.
+    duration = time.perf_counter() - t0
+    if body is not None and not error:
+        try:
+            text, reading, error = await asyncio.get_running_loop().run_in_executor(
+                _parse_pool(), prepare, body, encoding, cfg.kind, cfg.max_body_bytes,
+                cfg.max_series)
+        except Exception as exc:
+            error = f"could not read the response: {_describe(exc)}"
+        del body
+    sample = EngineSample(
         name=cfg.name, kind=cfg.kind, url=redact(cfg.url),
-        exposition=text if error is None else None, error=error,
-        t=round(t, 3), duration_seconds=round(time.perf_counter() - t0, 6),
+        exposition=text if not error else None, error=error or None,
+        t=round(t, 3), duration_seconds=round(duration, 6),
         pids=list(pids or []),
     )
+    if reading is not None and not error:
+        sample.reading = (reading, "")  # not recorded: replay reads the exposition again
+    return sample
 
 
 class EngineSource:
@@ -152,12 +268,7 @@ class EngineSource:
 
     async def _endpoint(self, cfg: EngineConfig, sink: Sink) -> None:
         loop = asyncio.get_running_loop()
-        # One connection at a time per endpoint; no session-wide timeout (scrape() has one).
-        connector = aiohttp.TCPConnector(limit=1)
-        async with aiohttp.ClientSession(
-            headers=_headers(cfg), connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None),
-        ) as session:
+        async with session_for(cfg) as session:
             next_at = loop.time()
             was_up: bool | None = None
             while True:
