@@ -125,16 +125,43 @@ _SERIES_CACHE_MAX = 8192
 _SERIES_CACHE_KEY_CHARS = 256
 
 
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\\n]*)"(?:,|$)')
+
+
+def _plain_series(series: str) -> tuple[str, LabelKey] | None:
+    """`name{a="x",b="y"}` without escapes or spaces, read with two regexes; None for
+    anything else (prometheus_client's parser decides). A label set that churns on every
+    scrape misses the cache each time: this keeps a miss cheap."""
+    brace = series.find("{")
+    if brace < 0:
+        return (series, ()) if _METRIC_NAME.fullmatch(series) else None
+    name, body = series[:brace], series[brace + 1 : -1]
+    if not series.endswith("}") or not _METRIC_NAME.fullmatch(name) or "\\" in body:
+        return None
+    labels: dict[str, str] = {}
+    pos, end = 0, len(body)
+    while pos < end:
+        m = _LABEL_PAIR.match(body, pos)
+        if m is None or m.group(1) in labels:
+            return None
+        labels[m.group(1)] = m.group(2)
+        pos = m.end()
+    return name, _label_key(labels)
+
+
 def _series(series: str) -> tuple[str, LabelKey] | None:
     hit = _SERIES_CACHE.get(series)
     if hit is not None:
         return hit
-    try:
-        families = list(text_string_to_metric_families(series + " 0\n"))
-        (sample,) = [s for f in families for s in f.samples]
-    except Exception:
-        return None
-    hit = (sample.name, _label_key(sample.labels))
+    hit = _plain_series(series)
+    if hit is None:
+        try:
+            families = list(text_string_to_metric_families(series + " 0\n"))
+            (sample,) = [s for f in families for s in f.samples]
+        except Exception:
+            return None
+        hit = (sample.name, _label_key(sample.labels))
     if len(series) > _SERIES_CACHE_KEY_CHARS:
         return hit
     if len(_SERIES_CACHE) >= _SERIES_CACHE_MAX:
