@@ -140,6 +140,8 @@ def prepare(
     reading, why = read(kept, kind, max_series)
     if reading is None:
         excerpt = text.lstrip()[:EXCERPT_CHARS]
+        if not excerpt.isprintable():  # binary: the reason says so, bytes would not help
+            return None, None, why[:200]
         return None, None, f"{why[:200]}; it starts with {excerpt!r}"
     return kept, reading, ""
 
