@@ -173,7 +173,9 @@ def watch_with_baseline(abusive, daemon, paths, seconds: float, state_every: flo
 def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, daemon):
     w, base = watch_with_baseline(abusive, daemon, ABUSES, 75, state_every=2)
     print(w.report("campaign"))
-    limit = max(0.05, 3 * base.p99())
+    # Moving ~35 MB/s of bodies costs the loop some: bounded at 4x the healthy daemon's p99
+    # (100 ms at least); read on the loop, the huge body alone gave a p99 of about 1 s.
+    limit = max(0.1, 4 * base.p99())
     healthy = [s["signals"]["engines"].get("healthy") for s in w.states[5:]]
     assert healthy and all(h and h["up"] for h in healthy), "the healthy engine went down"
     final = w.states[-1]
