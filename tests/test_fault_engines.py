@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import json
 import math
+import statistics
 import sys
 import threading
 import time
@@ -106,12 +107,12 @@ class Watch:
             time.sleep(every)
 
     def growth(self, warm: float) -> float:
-        """Peak RSS of the last quarter of the run over the peak just after warm-up: bodies
-        in flight make RSS swing by tens of MiB, a leak raises the peaks."""
+        """Median RSS of the last quarter of the run over the median just after warm-up:
+        bodies in flight make RSS swing by tens of MiB, a leak moves the median."""
         end = self.rss[-1][0]
         early = [r for t, r in self.rss if warm <= t <= warm + end / 4] or [self.rss[0][1]]
         late = [r for t, r in self.rss if t >= end * 3 / 4]
-        return max(late) - max(early)
+        return statistics.median(late) - statistics.median(early)
 
     def p99(self) -> float:
         lat = sorted(self.latencies)
@@ -171,7 +172,7 @@ def watch_with_baseline(abusive, daemon, paths, seconds: float, state_every: flo
 
 
 def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, daemon):
-    w, base = watch_with_baseline(abusive, daemon, ABUSES, 75, state_every=2)
+    w, base = watch_with_baseline(abusive, daemon, ABUSES, 90, state_every=2)
     print(w.report("campaign"))
     # Moving ~35 MB/s of bodies costs the loop some: bounded at 4x the healthy daemon's p99
     # (100 ms at least); read on the loop, the huge body alone gave a p99 of about 1 s.
@@ -195,7 +196,7 @@ def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, 
     assert engines["replicas"]["replicas"] == 2 and engines["replicas"]["restarts_detected"] == 0
     assert engines["churn"]["series_groups"] <= 512 and engines["churn"]["limit"]
     assert w.state_bytes < 1_000_000
-    growth = w.growth(warm=15)
+    growth = w.growth(warm=30)  # engine windows fill for their first minutes
     assert growth < 20, f"RSS grew {growth:.1f} MiB: {w.rss}"
     assert max(r for _, r in w.rss) < 400 and max(w.children_rss) < 600
     assert w.p99() < limit, f"/metrics p99 {w.p99() * 1000:.1f} ms (limit {limit * 1000:.1f})"
