@@ -348,17 +348,20 @@ class LeakSeries:
         trend = self.trend.slope if self.trend.span >= c.min_trend_seconds else None
         known = [r for r in (fast, trend) if r is not None]
         judged = max(known) if known else None
-        self.rate = judged if judged is not None else (self.trend.slope or 0.0)
         level, value, limit = 0, None, None
         if fast is not None:
             level, value, limit = 2, fast, crit_on
         trend_level, trend_limit = self._trend_level(t, trend, crit_on)
         if trend_level > level:
             level, value, limit = trend_level, trend, trend_limit
-        if self.level == 2:
-            est = self.fast.estimate()
-            self.rate = max(self.rate, est if est is not None else 0.0)
         self._judge(t, level, value, limit, trend)
+        est = self.fast.estimate() if self.level == 2 else None
+        if est is not None:  # a fast leak: what the raw lower envelope climbs now
+            self.rate = max(est, fast or est)
+        elif judged is not None:
+            self.rate = judged
+        else:  # the retained memory's recent trend (it lags the floor window)
+            self.rate = self._recent() or 0.0
 
     def _early_fire(self, t: float, v: float, crit_on: float,
                     headroom: float | None) -> float | None:
@@ -419,6 +422,10 @@ class LeakSeries:
             return 0, None
         return level, limit
 
+    def _recent(self) -> float | None:
+        """Theil-Sen slope of the retained memory over the last floor window."""
+        return theil_sen(list(self.trend.points)[-(self.trend.floor_n + 1):])
+
     def _exit_rate(self, trend: float | None) -> float:
         """The current rate a firing level is held on. Critical: the raw lower envelope of
         the last critical window (a fast leak shows there at once, and its end too).
@@ -428,8 +435,7 @@ class LeakSeries:
             est = (self.fast.estimate() if self.life.phase == STEADY
                    else self.early.estimate(self.p.cfg.early_parts))
             return est if est is not None else 0.0
-        recent = theil_sen(list(self.trend.points)[-(self.trend.floor_n + 1):])
-        known = [r for r in (recent, trend) if r is not None]
+        known = [r for r in (self._recent(), trend) if r is not None]
         return max(known) if known else 0.0
 
     def _judge(self, t: float, fire: int, value: float | None, limit: float | None,

@@ -165,12 +165,10 @@ class MemoryAnalyzer:
         parts = [r for r in (*proc_rates.values(), own) if r is not None]
         g_rate = sum(parts) if parts else 0.0
         sig.leak_rate_bytes_per_second = g_rate
-        g_ttoom = _ttoom(headroom, g_rate)
-        sig.time_to_oom_seconds = g_ttoom
 
         horizon = self.cfg.time_to_oom
         crit_h = horizon.critical_seconds if horizon.enabled else None
-        leaking = False
+        judged: list[float] = []  # the rates of the series judged leaking
         for p in procs:
             state = self._procs.get((uuid, p.pid))
             psig = derived.process(uuid, p.pid)
@@ -187,7 +185,8 @@ class MemoryAnalyzer:
             ev = self._leak_event(t, uuid, p.pid, p.name, state, ttoom, crit_h, gpu.index,
                                   state.source)
             psig.leak_severity = _severity_level(ev)
-            leaking = leaking or ev is not None
+            if ev is not None:
+                judged.append(max(rate, state.series.value or 0.0))
             events += conditions.set(t, ev, ("memory_leak", uuid, p.pid, None))
 
         # The GPU's own series: memory no process accounts for, or all of it when the
@@ -196,8 +195,17 @@ class MemoryAnalyzer:
         ev = self._leak_event(t, uuid, None, "", gstate, _ttoom(headroom, own), crit_h,
                               gpu.index, source)
         sig.leak_severity = _severity_level(ev)
-        leaking = leaking or ev is not None
+        if ev is not None:
+            judged.append(max(own or 0.0, gstate.series.value or 0.0))
         events += conditions.set(t, ev, ("memory_leak", uuid, None, None))
+
+        # Time to OOM. While a leak is judged it runs at no less than the rate that leak
+        # was judged on: noise in the current estimate then only shortens it, so its
+        # verdict cannot fall back and fire again within one leak episode.
+        leaking = bool(judged)
+        ttoom_rate = sum(judged) if leaking else g_rate
+        g_ttoom = _ttoom(headroom, ttoom_rate)
+        sig.time_to_oom_seconds = g_ttoom
 
         if horizon.enabled:
             level = gstate.horizon.update(t, g_ttoom, leaking, horizon)
@@ -209,7 +217,7 @@ class MemoryAnalyzer:
                     t=t, signal="time_to_oom", state="firing", severity=SEVERITY[level],
                     gpu_uuid=uuid, value=g_ttoom, threshold=limit,
                     message=(f"GPU {gpu.index} runs out of its memory budget in "
-                             f"{_duration(g_ttoom)} at {_rate_text(g_rate)} "
+                             f"{_duration(g_ttoom)} at {_rate_text(ttoom_rate)} "
                              f"(under the {SEVERITY[level]} horizon of {_duration(limit)})"),
                 )
             events += conditions.set(t, ev, ("time_to_oom", uuid, None, None))
