@@ -39,7 +39,7 @@ class RuleParams:
     time_to_oom_warning_seconds: float = 7200
     time_to_oom_critical_seconds: float = 1800
     # a verdict that disappears for a scrape or a daemon restart keeps the alert this long
-    leak_keep_firing_for: str = "5m"
+    leak_keep_firing_for: str = "2m"
     # spec §4: compaction past 35 % fragmentation
     fragmentation_ratio: float = 0.35
     # What a good hit ratio is depends on the workload's shared prefixes: tune it.
