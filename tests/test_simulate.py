@@ -90,3 +90,10 @@ def test_fragmentation_scenario_publishes_fragmenting_probe():
 def test_unknown_scenario():
     with pytest.raises(ValueError, match="unknown scenario"):
         SimulatedBackend("nope")
+
+
+def test_the_cli_offers_every_scenario():
+    from gpuwatch.cli import SCENARIO_NAMES
+    from gpuwatch.sources.simulate.scenarios import SCENARIOS
+
+    assert set(SCENARIO_NAMES) == set(SCENARIOS)

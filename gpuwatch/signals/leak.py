@@ -4,9 +4,9 @@ What counts is the memory a process *keeps*, not its peaks (DESIGN.md §3):
 
 1. **Life cycle** (spec §3). A series starts in `loading`; once growth pauses it is in
    `warmup`; once its retained memory stops rising (or the process is old enough) it is
-   `steady`. Only steady memory is judged. A fall below half the steady floor is a reload
-   and starts the cycle again; a new pid or a restart (new create time) starts a new
-   series. Every phase change resets the baselines.
+   `steady`. The trend is judged on steady memory only. A fall below half the steady
+   floor is a reload and starts the cycle again; a new pid or a restart (new create time)
+   starts a new series. Phase changes reset the baselines, not the verdict.
 2. **Retained memory**: the minimum over a floor window (5 min), one point per bucket
    (1 min). Allocator sawtooth and bursts that come back down within the window never reach
    it; a leak raises it.
@@ -15,12 +15,17 @@ What counts is the memory a process *keeps*, not its peaks (DESIGN.md §3):
    both halves of the window, the second half by at least 0.4 of the first (warm-up that
    levels off, a lone step, or a transient that outlasts the floor window do not), and
    only after that has held for a few minutes (a transient lifts the floor briefly).
-4. **Fast path** for the critical slope (50 MB/s): the raw samples of the last 40 s cut in
+4. **Fast path** for the critical slope (50 MiB/s): the raw samples of the last 40 s cut in
    quarters, whose minima (or maxima) must each climb.
+5. **Before steady**, growth whose minima climb at the critical slope through every part of
+   a full 50 s window, once the first load has paused, and that would spend the budget
+   within the early horizon, is critical: a leak keeps going, loading stops.
 
 Thresholds are reached within a tolerance (10 %: a robust slope of a leak at exactly the
-table's 12 MB/min scatters around it). A leak resolves once its slope has stayed below half
-the threshold for 10 min. Time to OOM escalates a warning to critical (memory.py).
+table's 12 MiB/min scatters around it). Each level has an exit level and a minimum hold: a
+warning falls back once the retained-memory trend has stayed below half its slope for
+10 min, a critical once the raw lower envelope of the last 40 s has stayed below half its
+slope for 5 min. Time to OOM escalates a warning to critical (memory.py).
 
 Work per sample is O(1) amortised: monotonic deques for the minima, a bounded list of
 bucket points (Theil-Sen over 25 points once per bucket), a bounded raw window.

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field, replace
 
 from gpuwatch.sources.simulate.trajectory import GIB, MIB, ProcessSpec
 
-
 # (NVML name, total memory as NVML reports it)
 A100_80 = ("NVIDIA A100-SXM4-80GB", 81920 * MIB)
 H100_80 = ("NVIDIA H100 80GB HBM3", 81559 * MIB)
