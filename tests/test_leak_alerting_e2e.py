@@ -24,7 +24,7 @@ import yaml
 
 from tests.helpers import REPO, Proc, free_port, http_get, require_binary, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1200)]
 
 LEAK_ALERT = "GpuwatchProcessMemoryLeak"
 QUIET_ON_MIXED = ("GpuwatchProcessMemoryLeak", "GpuwatchGpuMemoryLeak", "GpuwatchGpuMemoryZone",

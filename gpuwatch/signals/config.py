@@ -53,11 +53,10 @@ class LeakConfig(Section, kw_only=True):
     # A sustained trend fires once it has held this long (a transient that outlasts the
     # floor window lifts the floor for a few minutes at most).
     confirm_seconds: NonNegFloat = 240.0
-    # Exit level and minimum hold: a firing level falls back once the current rate has
-    # stayed below resolve_ratio x its threshold for resolve_seconds (warning; judged on
-    # the retained-memory trend) or critical_resolve_seconds (critical; judged on the raw
-    # lower envelope of the last critical_window_seconds, which follows a fast leak
-    # without the floor window's lag).
+    # Exit level and minimum hold: a warning falls back once the retained-memory trend has
+    # stayed below resolve_ratio x its slope for resolve_seconds; a critical once the raw
+    # lower envelope rose less than resolve_ratio x its slope on average over the last
+    # critical_resolve_seconds (no floor-window lag; sawtooth cannot hold it open).
     resolve_ratio: Ratio = 0.5
     resolve_seconds: NonNegFloat = 600.0
     critical_resolve_seconds: NonNegFloat = 300.0

@@ -202,8 +202,9 @@ class FastWindow:
     The window is cut in parts; a leak that fast lifts both the minimum and the maximum
     of every part above the previous part's. Allocator sawtooth does not (its minima and
     maxima come back each period), nor does one big allocation, nor two (a step lies
-    between two parts only). Either the minima or the maxima climbing is enough, so that
-    a sawtooth drop inside the window does not hide a leak.
+    between two parts only). Either the minima or the maxima climbing part by part is
+    enough, so that a sawtooth drop inside the window does not hide a leak, but the minima
+    must rise over the window at half the pace at least.
     """
 
     def __init__(self, window_s: float) -> None:
@@ -246,11 +247,16 @@ class FastWindow:
             return None
         part, lo, hi = env
         step = step_ratio * threshold * part
+        span_s = (parts - 1) * part
         best = None
         for m in (lo,) if lows_only else (lo, hi):
-            rate = (m[-1] - m[0]) / ((parts - 1) * part)
+            rate = (m[-1] - m[0]) / span_s
             if rate >= threshold and all(b - a >= step for a, b in pairwise(m)):
                 best = rate if best is None else max(best, rate)
+        if best is not None and (lo[-1] - lo[0]) / span_s < step_ratio * threshold:
+            # only the maxima climb: transients of random size (churn given back to the
+            # driver) do that by chance; a leak lifts the minima too, past a sawtooth drop
+            return None
         return best
 
     def estimate(self, parts: int = 4) -> float | None:
@@ -299,6 +305,10 @@ class LeakSeries:
         self._low_first: float | None = None
         self._low_t = t_start
         self._paused = False  # the lower envelope paused once: loading is over
+        # the lower envelope (minimum over half a critical window) over the critical hold
+        self._env = RollingMin(c.critical_window_seconds / 2)
+        self._env_hist: deque[tuple[float, float]] = deque()
+        self._fired_at = -math.inf  # the critical entry last held
         self.level = 0
         self.value: float | None = None
         self.threshold: float | None = None
@@ -313,6 +323,7 @@ class LeakSeries:
         self.trend = RetainedTrend(c.bucket_seconds, c.floor_window_seconds,
                                    c.trend_window_seconds)
         self.fast = FastWindow(c.critical_window_seconds)
+        self._last3: deque[float] = deque(maxlen=3)
         self.rate: float | None = None
         self._trend_since: float | None = None  # a sustained trend seen without a break since
 
@@ -340,6 +351,10 @@ class LeakSeries:
                     False, None, None, t)
         self.early.add(t, v)
         p, c = self.p, self.p.cfg
+        hist = self._env_hist
+        hist.append((t, self._env.add(t, v)))
+        while t - hist[0][0] > c.critical_resolve_seconds:
+            hist.popleft()
         crit_on = p.critical * (1 - c.tolerance)
         if self.life.phase != STEADY:
             fire = self._early_fire(t, v, crit_on, headroom)
@@ -347,7 +362,10 @@ class LeakSeries:
                 self.early.estimate(c.early_parts) if self.level else 0.0)
             self._judge(t, 2 if fire is not None else 0, fire, crit_on, 0)
             return
-        self.trend.add(t, v)
+        # The floor is a minimum: one sample caught low (mid-free, a driver hiccup) would
+        # hold it down for a whole floor window. A median of 3 drops lone samples, keeps steps.
+        self._last3.append(v)
+        self.trend.add(t, sorted(self._last3)[len(self._last3) // 2])
         self.fast.add(t, v)
         fast = self.fast.slope(crit_on)
         trend = self.trend.slope if self.trend.span >= c.min_trend_seconds else None
@@ -431,15 +449,19 @@ class LeakSeries:
         """Theil-Sen slope of the retained memory over the last floor window."""
         return theil_sen(list(self.trend.points)[-(self.trend.floor_n + 1):])
 
-    def _exit_rate(self, trend: float | None) -> float:
-        """The current rate a firing level is held on. Critical: the raw lower envelope of
-        the last critical window (a fast leak shows there at once, and its end too).
+    def _exit_rate(self, t: float, trend: float | None) -> float:
+        """The current rate a firing level is held on. Critical: the average rise of the
+        raw lower envelope over the last critical_resolve_seconds.
         Warning: the retained-memory trend, recent or whole window, whichever is higher
         (it lags, so a slow leak is never resolved by one quiet stretch)."""
         if self.level == 2:
-            est = (self.fast.estimate() if self.life.phase == STEADY
-                   else self.early.estimate(self.p.cfg.early_parts))
-            return est if est is not None else 0.0
+            # the lower envelope's average rise over the hold window: a leak that goes on
+            # keeps it far above the exit level; sawtooth and churn come back down, so no
+            # lucky 40 s of them can hold an episode open
+            hist = self._env_hist
+            if t - self._fired_at < self.p.cfg.critical_resolve_seconds:
+                return math.inf  # the window must lie wholly after the entry last held
+            return (hist[-1][1] - hist[0][1]) / max(hist[-1][0] - hist[0][0], 1e-9)
         known = [r for r in (self._recent(), trend) if r is not None]
         return max(known) if known else 0.0
 
@@ -449,6 +471,8 @@ class LeakSeries:
         stayed below resolve_ratio x the level's threshold for the level's hold time. A
         critical episode that ends falls to warning only if a warning fires on its own."""
         p, c = self.p, self.p.cfg
+        if fire == 2:
+            self._fired_at = t
         if fire > self.level or (fire and fire == self.level):
             if fire > self.level:
                 self.level, self.value, self.threshold = fire, value, limit
@@ -458,12 +482,12 @@ class LeakSeries:
         if not self.level:
             return
         slope = p.critical if self.level == 2 else p.warning
-        if self._exit_rate(trend) >= c.resolve_ratio * slope:
+        if self._exit_rate(t, trend) >= c.resolve_ratio * slope:
             self._below_since = None
             return
         if self._below_since is None:
             self._below_since = t
-        hold = c.critical_resolve_seconds if self.level == 2 else c.resolve_seconds
+        hold = 0.0 if self.level == 2 else c.resolve_seconds  # critical: its exit is a window
         if t - self._below_since >= hold:
             if fire:
                 self.level, self.value, self.threshold = fire, value, limit
