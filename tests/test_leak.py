@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from pathlib import Path
@@ -375,9 +376,20 @@ def test_floor_window_evicts_exactly_floor_window_buckets():
     values = [0.0] + [100.0 + k for k in range(1, 8)]  # a dip in bucket 0 only
     for k, v in enumerate(values):
         tr.add(k * 60.0 + 1, v)
+        tr.add(k * 60.0 + 31, v)  # two samples each: the floor is the second smallest
     by_end = dict(tr.points)  # bucket k's point is stamped at its end, (k + 1) x 60
     assert by_end[5 * 60.0] == 0.0  # bucket 4: buckets 0..4, the dip is still in
     assert by_end[6 * 60.0] == 101.0  # bucket 5: buckets 1..5, the dip has left
+
+
+def test_one_sample_caught_low_does_not_hold_the_floor_down():
+    tr = RetainedTrend(60, 300, 1440)
+    for i in range(200):
+        t = i * 3.0
+        tr.add(t, 20 * GIB - (600 * MIB if i == 50 else 0) + WARN * t)
+    lows = [v for _, v in tr.points]
+    assert min(lows) >= 20 * GIB - MIB  # the lone 600 MiB dip never shows
+    assert all(b > a for a, b in itertools.pairwise(lows[4:]))
 
 
 def _trend_series(first_rate: float, second_rate: float) -> LeakSeries:

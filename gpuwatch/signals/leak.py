@@ -136,7 +136,8 @@ class Lifecycle:
 
 
 class RetainedTrend:
-    """Theil-Sen slope of the rolling minimum, one point per bucket."""
+    """Theil-Sen slope of the rolling floor (second smallest sample over the floor window),
+    one point per bucket. O(floor_n) per closed bucket."""
 
     def __init__(self, bucket_s: float, floor_s: float, window_s: float) -> None:
         self.bucket_s = bucket_s
@@ -145,8 +146,8 @@ class RetainedTrend:
             maxlen=max(3, round(window_s / bucket_s) + 1)
         )
         self._k: int | None = None
-        self._kmin = math.inf
-        self._mins: deque[tuple[int, float]] = deque()  # increasing minima, by bucket
+        self._kmin = (math.inf, math.inf)  # the bucket's two smallest samples
+        self._mins: deque[tuple[int, tuple[float, float]]] = deque()  # by bucket
         self.slope: float | None = None
 
     @property
@@ -171,22 +172,26 @@ class RetainedTrend:
         if self._k is None or k <= self._k:
             if self._k is None:
                 self._k = k
-            self._kmin = min(self._kmin, v)
+            a, b = self._kmin
+            self._kmin = (v, a) if v < a else (a, min(b, v))
             return False
         self._close()
-        self._k, self._kmin = k, v
+        self._k, self._kmin = k, (v, math.inf)
         return True
 
     def _close(self) -> None:
         k, m = self._k, self._kmin
         assert k is not None
         mins = self._mins
-        while mins and mins[-1][1] >= m:
-            mins.pop()
         mins.append((k, m))
         while mins[0][0] <= k - self.floor_n:
             mins.popleft()
-        self.points.append(((k + 1) * self.bucket_s, mins[0][1]))
+        # The floor is the second smallest sample of the window: one sample caught low (a
+        # driver hiccup, a read mid-free) would otherwise hold it down for a whole window,
+        # while a real trough (sawtooth, churn given back) recurs or lasts a few samples.
+        lows = sorted(x for _, pair in mins for x in pair)
+        floor = lows[1] if math.isfinite(lows[1]) else lows[0]
+        self.points.append(((k + 1) * self.bucket_s, floor))
         if len(self.points) >= 3:
             self.slope = theil_sen(self.points)
 
@@ -323,7 +328,6 @@ class LeakSeries:
         self.trend = RetainedTrend(c.bucket_seconds, c.floor_window_seconds,
                                    c.trend_window_seconds)
         self.fast = FastWindow(c.critical_window_seconds)
-        self._last3: deque[float] = deque(maxlen=3)
         self.rate: float | None = None
         self._trend_since: float | None = None  # a sustained trend seen without a break since
 
@@ -362,10 +366,7 @@ class LeakSeries:
                 self.early.estimate(c.early_parts) if self.level else 0.0)
             self._judge(t, 2 if fire is not None else 0, fire, crit_on, 0)
             return
-        # The floor is a minimum: one sample caught low (mid-free, a driver hiccup) would
-        # hold it down for a whole floor window. A median of 3 drops lone samples, keeps steps.
-        self._last3.append(v)
-        self.trend.add(t, sorted(self._last3)[len(self._last3) // 2])
+        self.trend.add(t, v)
         self.fast.add(t, v)
         fast = self.fast.slope(crit_on)
         trend = self.trend.slope if self.trend.span >= c.min_trend_seconds else None
