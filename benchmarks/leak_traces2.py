@@ -12,6 +12,8 @@ What differs from the first family:
   second minute (before it is steady), a slow leak in a training loop, a leak that stops.
 
     python -m benchmarks.leak_traces2 [--seeds 10] [--json OUT]
+    python -m benchmarks.leak_traces2 --recording RECORDING TRUTH   # a real trace
+        (tests/fixtures/traces/h200/h200-torch-leaks.{jsonl.gz,truth.json})
 
 Scores, per trace: false alarms (firing episodes on a series that does not leak, or before
 its leak starts, the GPU's own series included), firing episodes on the leaking pid while it
@@ -233,6 +235,28 @@ def _episodes(events, leak: Leak) -> int:
     return n
 
 
+def recorded(path: str, truth_path: str) -> dict:
+    """Replay a real recording and score it against its truth file (pid and phase times
+    per process): per process, its memory_leak events and, for a leak, the latency from
+    its leak_start to the first critical event."""
+    from gpuwatch.recording import read_recording
+    from gpuwatch.thresholds import load_table
+
+    with open(truth_path) as f:
+        truth = json.load(f)
+    _, ticks = read_recording(path)
+    pipeline = Pipeline(Config(), load_table())
+    events = [e for tick in ticks for e in pipeline.update(tick) if e.signal == "memory_leak"]
+    out: dict = {"gpu_series_events": [e for e in events if e.pid is None]}
+    for name, proc in truth["processes"].items():
+        mine = [e for e in events if e.pid == proc["pid"]]
+        onset = next((p["t"] for p in proc["phases"] if p["what"] == "leak_start"), None)
+        crit = next((e.t for e in mine if e.severity == "critical"), None)
+        out[name] = {"events": mine, "onset": onset,
+                     "latency": None if onset is None or crit is None else crit - onset}
+    return out
+
+
 def evaluate(seeds: int) -> list[dict]:
     rows: dict[str, dict] = {}
     for seed in range(seeds):
@@ -273,7 +297,17 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--recording", nargs=2, metavar=("RECORDING", "TRUTH"),
+                    help="score a real recording against its truth file instead")
     args = ap.parse_args(argv)
+    if args.recording:
+        for name, r in recorded(*args.recording).items():
+            if name == "gpu_series_events":
+                print(f"GPU's own series: {len(r)} events")
+                continue
+            states = ", ".join(f"{e.state} {e.severity}" for e in r["events"]) or "no event"
+            print(f"{name}: {states}; latency {_fmt(r['latency'])}")
+        return
     rows = evaluate(args.seeds)
     print_table(rows)
     if args.json:
