@@ -118,6 +118,18 @@ def test_escalates_then_resolves_after_three_healthy_samples():
                     (8, "resolved", "critical")]
 
 
+def test_a_ratio_hovering_at_its_limit_is_one_episode():
+    # inactive_split/reserved 36 % (over 35 %) fires; 33 % is below the limit but not
+    # below its exit (30 %): held; 29 % three times resolves
+    def ratio(r):
+        return (10 * GIB, int(r * 10 * GIB), 2 * GIB, 1800 * MIB, 300 * MIB, 2)
+    shapes = [ratio(0.36)] * 3 + [ratio(0.33)] * 4 + [ratio(0.36)] + [ratio(0.29)] * 3
+    events, _ = run(shapes)
+    flat = [(e.state, e.severity) for evs in events for e in evs]
+    assert flat == [("firing", "warning"), ("resolved", "warning")]
+    assert events[-1] and events[-1][0].state == "resolved"
+
+
 def test_tiny_free_pool_is_not_judged():
     # 20 blocks in 8 MiB is 2.5 blocks/MiB, but 8 MiB of cache is no fragmentation problem.
     events, derived = run([TINY_FREE] * 5)

@@ -21,8 +21,10 @@ Judgement of one sample:
                    the smallest is under `smallest_free_block_min` (a cache compaction,
                    i.e. a flush, is due).
 A level fires after `consecutive_samples` probe samples at or above it, and falls back
-after as many below it. Samples are counted by the probe's own timestamp, so a record the
-daemon reads on several ticks counts once.
+after as many samples below it by the exit band (`EXIT_BAND`: the ratio 0.05 under its
+maximum, the largest-free share 0.05 over its minimum, blocks per MiB 10 % under theirs), so
+a value that hovers at a limit is one episode. Samples are counted by the probe's own
+timestamp, so a record the daemon reads on several ticks counts once.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from gpuwatch.signals.derived import Derived
 MIB = 1024 * 1024
 MIN_JUDGED_FREE_BYTES = 64 * MIB
 SIGNAL = "fragmentation"
+EXIT_BAND = 0.05  # share; blocks per MiB leave 10 % under their maximum
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,15 @@ class Limits:
     act_when_free_below_bytes: int = 512 * MIB
     fragmentation_ratio_max: float = 0.35
     consecutive_samples: int = 3
+
+    def exit_limits(self) -> Limits:
+        """The limits a firing level must be back under to count as below it."""
+        return replace(
+            self,
+            fragmentation_ratio_max=max(0.0, self.fragmentation_ratio_max - EXIT_BAND),
+            largest_free_share_min=min(1.0, self.largest_free_share_min + EXIT_BAND),
+            free_blocks_per_mb_max=self.free_blocks_per_mb_max * (1 - 2 * EXIT_BAND),
+        )
 
     @classmethod
     def resolve(cls, table=None, overrides=None) -> Limits:
@@ -152,13 +164,15 @@ def locate(tick: Tick) -> list[tuple[ProbeSample, GpuSample]]:
 class _Track:
     create_time: float | None
     last_t: float | None = None
-    levels: deque = field(default_factory=deque)
+    levels: deque = field(default_factory=deque)  # judged on the limits (entry)
+    keeps: deque = field(default_factory=deque)  # judged on the exit limits
     active: int = 0
 
 
 class FragmentationAnalyzer:
     def __init__(self, limits: Limits | None = None, *, emit: bool = True) -> None:
         self.limits = limits or Limits()
+        self._exit = self.limits.exit_limits()
         self.emit = emit
         self._tracks: dict[tuple[str, int], _Track] = {}
 
@@ -208,13 +222,15 @@ class FragmentationAnalyzer:
         if probe.t is None or probe.t != track.last_t:
             track.last_t = probe.t
             track.levels.append(level)
+            track.keeps.append(judge(m, self._exit)[0])
             while len(track.levels) > n:
                 track.levels.popleft()
+                track.keeps.popleft()
             if len(track.levels) == n:
                 if min(track.levels) > track.active:
                     track.active = min(track.levels)
-                elif max(track.levels) < track.active:
-                    track.active = max(track.levels)
+                elif max(track.keeps) < track.active:
+                    track.active = max(track.keeps)
         ev = None
         if track.active:
             severity = "critical" if track.active == 2 else "warning"
