@@ -330,6 +330,8 @@ class LeakSeries:
         self.fast = FastWindow(c.critical_window_seconds)
         self.rate: float | None = None
         self._trend_since: float | None = None  # a sustained trend seen without a break since
+        # Theil-Sen slope of the retained memory over the last floor window
+        self._recent_slope: float | None = None
 
     def _end_episode(self) -> None:
         self.level, self.value, self.threshold, self._below_since = 0, None, None, None
@@ -366,7 +368,8 @@ class LeakSeries:
                 self.early.estimate(c.early_parts) if self.level else 0.0)
             self._judge(t, 2 if fire is not None else 0, fire, crit_on, 0)
             return
-        self.trend.add(t, v)
+        if self.trend.add(t, v):  # a bucket closed: the recent trend moved
+            self._recent_slope = theil_sen(list(self.trend.points)[-(self.trend.floor_n + 1):])
         self.fast.add(t, v)
         fast = self.fast.slope(crit_on)
         trend = self.trend.slope if self.trend.span >= c.min_trend_seconds else None
@@ -385,7 +388,7 @@ class LeakSeries:
         elif judged is not None:
             self.rate = judged
         else:  # the retained memory's recent trend (it lags the floor window)
-            self.rate = self._recent() or 0.0
+            self.rate = self._recent_slope or 0.0
 
     def _early_fire(self, t: float, v: float, crit_on: float,
                     headroom: float | None) -> float | None:
@@ -446,10 +449,6 @@ class LeakSeries:
             return 0, None
         return level, limit
 
-    def _recent(self) -> float | None:
-        """Theil-Sen slope of the retained memory over the last floor window."""
-        return theil_sen(list(self.trend.points)[-(self.trend.floor_n + 1):])
-
     def _exit_rate(self, t: float, trend: float | None) -> float:
         """The current rate a firing level is held on. Critical: the average rise of the
         raw lower envelope over the last critical_resolve_seconds.
@@ -463,7 +462,7 @@ class LeakSeries:
             if t - self._fired_at < self.p.cfg.critical_resolve_seconds:
                 return math.inf  # the window must lie wholly after the entry last held
             return (hist[-1][1] - hist[0][1]) / max(hist[-1][0] - hist[0][0], 1e-9)
-        known = [r for r in (self._recent(), trend) if r is not None]
+        known = [r for r in (self._recent_slope, trend) if r is not None]
         return max(known) if known else 0.0
 
     def _judge(self, t: float, fire: int, value: float | None, limit: float | None,
