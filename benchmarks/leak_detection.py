@@ -384,7 +384,7 @@ def summary(results: dict) -> list[dict]:
     return rows
 
 
-def _fmt_latency(s: float | None) -> str:
+def fmt_latency(s: float | None) -> str:
     if s is None:
         return "-"
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
@@ -399,7 +399,7 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         eps = "-" if r.get("episodes_max") is None else r["episodes_max"]
         out.write(f"| {r['scenario']} | {r['detector']} | {r['false_alarms']} "
                   f"({r['runs_with_false_alarms']}/{r['runs']}) | {det} | {eps} | "
-                  f"{_fmt_latency(r['latency_median_s'])} | {_fmt_latency(r['latency_max_s'])} |\n")
+                  f"{fmt_latency(r['latency_median_s'])} | {fmt_latency(r['latency_max_s'])} |\n")
 
 
 # -- replay speed ---------------------------------------------------------------------------

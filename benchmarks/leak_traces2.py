@@ -30,6 +30,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
+from benchmarks.leak_detection import fmt_latency
 from gpuwatch.config import Config
 from gpuwatch.model import GpuSample, ProcessSample, Tick
 from gpuwatch.signals.pipeline import Pipeline
@@ -275,12 +276,6 @@ def evaluate(seeds: int) -> list[dict]:
     return list(rows.values())
 
 
-def _fmt(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
-
-
 def print_table(rows: list[dict], out=sys.stdout) -> None:
     out.write("| trace | false alarms | detected | episodes per leak (max) | latency median | "
               "latency max | goal |\n|---|---|---|---|---|---|---|\n")
@@ -289,8 +284,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         det = f"{len(lat)}/{r['runs']}" if r["leaking"] else "n/a"
         out.write(f"| {r['trace']} | {r['false_alarms']} | {det} | "
                   f"{r['max_episodes'] if r['leaking'] else '-'} | "
-                  f"{_fmt(statistics.median(lat) if lat else None)} | "
-                  f"{_fmt(max(lat) if lat else None)} | {_fmt(r['goal'])} |\n")
+                  f"{fmt_latency(statistics.median(lat) if lat else None)} | "
+                  f"{fmt_latency(max(lat) if lat else None)} | {fmt_latency(r['goal'])} |\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -306,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"GPU's own series: {len(r)} events")
                 continue
             states = ", ".join(f"{e.state} {e.severity}" for e in r["events"]) or "no event"
-            print(f"{name}: {states}; latency {_fmt(r['latency'])}")
+            print(f"{name}: {states}; latency {fmt_latency(r['latency'])}")
         return
     rows = evaluate(args.seeds)
     print_table(rows)
