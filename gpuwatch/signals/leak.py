@@ -295,7 +295,8 @@ class LeakSeries:
     """Life cycle, retained-memory trend and leak verdict (0 none, 1 warning, 2 critical).
 
     `rate` is the estimate published for the series: the judged slope while one is
-    judged, else the retained-memory trend so far, else 0 (never absent once fed).
+    judged (the raw lower envelope's climb during a critical episode), else the retained
+    memory's recent trend, else 0 (never absent once fed).
     `value`/`threshold` are what the current level was judged on: the rate and the entry
     level it reached.
     """
@@ -366,7 +367,7 @@ class LeakSeries:
             fire = self._early_fire(t, v, crit_on, headroom)
             self.rate = fire if fire is not None else (
                 self.early.estimate(c.early_parts) if self.level else 0.0)
-            self._judge(t, 2 if fire is not None else 0, fire, crit_on, 0)
+            self._judge(t, 2 if fire is not None else 0, fire, crit_on, None)
             return
         if self.trend.add(t, v):  # a bucket closed: the recent trend moved
             self._recent_slope = theil_sen(list(self.trend.points)[-(self.trend.floor_n + 1):])
