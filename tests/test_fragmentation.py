@@ -98,6 +98,7 @@ def test_fires_after_three_consecutive_samples_with_the_right_pid():
     assert (ev.signal, ev.state, ev.severity) == ("fragmentation", "firing", "critical")
     assert (ev.gpu_uuid, ev.pid) == ("GPU-aaaa", PID)
     assert ev.value == pytest.approx(400 / 1024) and ev.threshold == 0.35
+    assert "(inactive_split/reserved 39% against its limit 35%)" in ev.message
     assert derived.processes[("GPU-aaaa", PID)].fragmentation_ratio == pytest.approx(400 / 1024)
 
 

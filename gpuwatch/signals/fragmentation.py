@@ -239,7 +239,7 @@ class FragmentationAnalyzer:
                 threshold = self.limits.fragmentation_ratio_max
             ev = Event(t=t, signal=SIGNAL, state="firing", severity=severity, gpu_uuid=uuid,
                        pid=probe.pid, value=value, threshold=threshold,
-                       message=_message(probe.pid, rule, m, severity))
+                       message=_message(probe.pid, rule, value, threshold, m, severity))
         return out + conditions.set(t, ev, cond_key)
 
 
@@ -249,9 +249,12 @@ def _fmt(x: float | None, pct: bool = False) -> str:
     return f"{100 * x:.0f}%" if pct else f"{x:.2f}"
 
 
-def _message(pid: int, rule: str, m: Measures, severity: str) -> str:
+def _message(pid: int, rule: str, value: float | None, threshold: float | None, m: Measures,
+             severity: str) -> str:
     free = "n/a" if m.total_free_bytes is None else f"{m.total_free_bytes / MIB:.0f} MiB"
-    text = (f"pid {pid}: allocator fragmented ({rule}): inactive_split/reserved "
+    pct = rule != "free blocks per MiB"
+    judged = f"{_fmt(value, pct)} against its limit {_fmt(threshold, pct)}"
+    text = (f"pid {pid}: allocator fragmented ({rule} {judged}): inactive_split/reserved "
             f"{_fmt(m.fragmentation_ratio, True)}, largest free block "
             f"{_fmt(m.largest_free_share, True)} of {free} free, "
             f"{_fmt(m.free_blocks_per_mb)} free blocks/MiB")
