@@ -355,7 +355,9 @@ def test_leak_metrics_present_for_every_judged_series():
     assert seen_gaps == []
     procs = {s.labels["pid"]: s for s in m["gpuwatch_process_memory_leak_rate_bytes_per_second"]
              .samples}
-    assert procs["11"].labels == {"gpu": "0", "uuid": "GPU-0", "pid": "11", "process": "p11"}
+    assert procs["11"].labels == {"gpu": "0", "uuid": "GPU-0", "pid": "11", "process": "p11",
+                                  "namespace": "", "pod": "", "container": "",
+                                  "slurm_job_id": ""}
     assert procs["11"].value == pytest.approx(WARN, rel=0.25)
     assert procs["33"].value == 0.0  # just started, not growing: 0, not absent
     sev = {s.labels["pid"]: s.value for s in m["gpuwatch_process_memory_leak_severity"].samples}

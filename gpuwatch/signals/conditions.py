@@ -38,6 +38,13 @@ class Conditions:
         self.active[key] = published
         return [published]
 
+    def amend(self, old: Event, new: Event) -> None:
+        """Hold `new` instead of `old` (not yet published: the pipeline adds what it knows
+        of the process's owner before anyone sees the event)."""
+        for key, ev in self.active.items():
+            if ev is old:
+                self.active[key] = new
+
     def retain(self, t: float, keep) -> list[Event]:
         """Resolve every active condition whose key fails keep(key) (its subject is gone)."""
         out: list[Event] = []

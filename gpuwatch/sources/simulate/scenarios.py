@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
+from gpuwatch.sources.simulate.kubernetes import Placement
 from gpuwatch.sources.simulate.trajectory import GIB, MIB, ProcessSpec
 
 # (NVML name, total memory as NVML reports it)
@@ -145,6 +146,29 @@ def mixed() -> Scenario:
     )
 
 
+def kubernetes() -> Scenario:
+    """Pods of two namespaces on three A100s: a two-GPU pod (with a sidecar), a pod that
+    shares the second GPU with it (time-slicing), and a pod that leaks."""
+    llama = Placement("serving", "llama-70b-7c9f", "vllm", sidecars=("metrics-proxy",))
+    return Scenario(
+        "kubernetes", "a Kubernetes node: pods in two namespaces on 3 A100-80GB, one GPU "
+        "shared by two pods, one leaking pod (cgroups and pod-resources simulated)",
+        (
+            GpuSpec(A100_80, (_server(0, 30, name="vllm"),)),
+            GpuSpec(A100_80, (_server(1, 30, name="vllm"), _server(2, 8, name="embedder"))),
+            GpuSpec(A100_80, (
+                _server(3, 10, name="tokenizer-svc", leak_bytes_per_second=DEMO_LEAK,
+                        start_seconds=ALREADY_RUNNING, leak_after_seconds=-ALREADY_RUNNING + 20),
+            )),
+        ),
+        extra={"pods": {
+            0: llama, 1: llama,
+            2: Placement("research", "embedder-5d8f9", "embed", qos="burstable"),
+            3: Placement("research", "tokenizer-6b7d4", "worker", qos="besteffort"),
+        }},
+    )
+
+
 def large() -> Scenario:
     """8 GPUs x 64 processes: the /metrics latency benchmark's host."""
     rng = random.Random(8)
@@ -160,7 +184,8 @@ def large() -> Scenario:
 
 
 SCENARIOS = {f.__name__.replace("_", "-"): f
-             for f in (steady, leak, leak_fixed, leak_early, fragmentation, mixed, large)}
+             for f in (steady, leak, leak_fixed, leak_early, fragmentation, mixed, large,
+                       kubernetes)}
 
 
 def get(name: str) -> Scenario:
