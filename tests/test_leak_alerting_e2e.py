@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import yaml
@@ -74,9 +74,10 @@ def _prometheus(workdir, targets: list[str], am_address: str) -> tuple[Proc, str
     """The shipped prometheus.yml with its rule files as committed, targets on loopback."""
     d = workdir / "prometheus"
     d.mkdir()
-    for name in ("gpuwatch.rules.yml", "gpuwatch.alerts.yml"):
-        shutil.copy(REPO / "alerts" / name, d / name)
     doc = yaml.safe_load((REPO / "exporters" / "prometheus.yml").read_text())
+    # the committed rule files, wherever the committed config says they are
+    doc["rule_files"] = [str((REPO / "exporters" / f).resolve()) for f in doc["rule_files"]]
+    assert all(Path(f).is_file() for f in doc["rule_files"]), doc["rule_files"]
     doc["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [am_address]}]
     job = next(j for j in doc["scrape_configs"] if j["job_name"] == "gpuwatch")
     job["static_configs"] = [{"targets": targets}]
