@@ -16,7 +16,8 @@ from gpuwatch.monitoring.cli import alerts as alerts_command
 from gpuwatch.monitoring.cli import dashboards as dashboards_command
 from gpuwatch.thresholds.cli import thresholds as thresholds_command
 
-SCENARIO_NAMES = ("steady", "leak", "fragmentation", "mixed", "large", "kubernetes")
+SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "fragmentation", "mixed", "large",
+                  "kubernetes")
 
 
 def _setup_logging(level: str) -> None:
