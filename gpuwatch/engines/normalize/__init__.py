@@ -6,8 +6,9 @@ names it uses) and normalize(expo, text) -> Reading.
 
 from __future__ import annotations
 
+from gpuwatch.engines import aliases
 from gpuwatch.engines.detect import describe_unrecognized, detect_kind
-from gpuwatch.engines.normalize import llamacpp, sglang, tgi, triton, vllm
+from gpuwatch.engines.normalize import llamacpp, sglang, slis, tgi, triton, vllm
 from gpuwatch.engines.normalize.common import Reading
 from gpuwatch.engines.parse import MAX_KEPT_LINES, help_text, parse, select_lines
 
@@ -22,6 +23,10 @@ MODULES = {
 __all__ = ["MODULES", "Reading", "compact", "read"]
 
 
+def _wanted(kind: str) -> frozenset[str]:
+    return MODULES[kind].WANTED | slis.wanted(kind)
+
+
 def compact(text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES) -> str:
     """Only what read() uses of an exposition: the wanted sample lines and their # HELP.
 
@@ -29,16 +34,19 @@ def compact(text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES) -> 
     the recording and its replay all read the same text, a tenth of the size. Text that is
     not recognized stays whole, for the reason read() gives.
     """
+    text, _ = aliases.canonical(text)
     detected = detect_kind(text)
     kind = detected if kind == "auto" else kind
     module = MODULES.get(kind or "")
     if module is None:
         return text
-    lines, _ = select_lines(text, module.PREFIXES, module.WANTED, max_series)
+    wanted = _wanted(kind)
+    lines, _ = select_lines(text, module.PREFIXES, wanted, max_series)
     if not lines:
         return text  # read() explains why from the whole text
-    helps = [f"# HELP {n} {h}" for n in sorted(module.WANTED) if (h := help_text(text, n))]
-    return "\n".join([*helps, *lines]) + "\n"
+    helps = [f"# HELP {n} {h}" for n in sorted(wanted) if (h := help_text(text, n))]
+    # the families it declares, so that the unread list survives compaction
+    return "\n".join([*helps, *aliases.type_lines(text, kind), *lines]) + "\n"
 
 
 def read(
@@ -49,13 +57,14 @@ def read(
     kind 'auto' recognizes the engine from its metric names; an explicit kind is trusted
     but must find some of its metrics.
     """
+    text, dialect = aliases.canonical(text)
     detected = detect_kind(text)
     if kind == "auto":
         if detected is None:
             return None, describe_unrecognized(text)
         kind = detected
     module = MODULES[kind]
-    expo = parse(text, module.PREFIXES, module.WANTED, max_series)
+    expo = parse(text, module.PREFIXES, _wanted(kind), max_series)
     if not any(name != "process_start_time_seconds" for name in expo.samples):
         why = f"no {kind} metrics in the response"
         if detected and detected != kind:
@@ -67,4 +76,10 @@ def read(
         return None, why
     reading = module.normalize(expo, text)
     reading.notes.extend(expo.notes)
+    slis.add(reading, expo, kind, module.GROUP, getattr(module, "RANKS", ()))
+    if dialect:
+        reading.generation += "/" + dialect.rstrip("_")
+        reading.notes.append(aliases.DIALECT_NOTES[dialect])
+    reading.unread_families = aliases.unread(
+        aliases.declared(text, kind), slis.read_families(kind, module.WANTED))
     return reading, ""

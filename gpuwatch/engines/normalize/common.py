@@ -62,6 +62,14 @@ class Reading:
     ranks: int = 0
     missing: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Serving SLIs (normalize/slis.py): bucket bounds and source family per latency SLI.
+    sli_bounds: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    sli_source: dict[str, str] = field(default_factory=dict)
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    counts_errors: bool = False
+    # The engine's own families that gpuwatch does not read, and those the alias table
+    # calls removed (aliases.py).
+    unread_families: list[str] = field(default_factory=list)
 
     def has_counter(self, name: str) -> bool:
         return any(name in c for c in self.counters.values())
