@@ -243,33 +243,42 @@ def removed_in(kind: str, families: set[str], version: str) -> list[str]:
 # -- reading other dialects as the canonical names -----------------------------------------
 
 NIM_NAMES = {a.name: "vllm:" + a.name for a in NIM}
-_SUFFIX = r"(?:_total|_bucket|_sum|_count|_created)?"
-_NIM_RE = re.compile(
-    r"^(# (?:HELP|TYPE) )?(" + "|".join(map(re.escape, sorted(NIM_NAMES, key=len,
-                                                               reverse=True)))
-    + r")(?=" + _SUFFIX + r"[{ \t])", re.M)
-_SGLANG_RE = re.compile(r"^(# (?:HELP|TYPE) )?sglang_", re.M)
+# Plain str.find/replace (fast C loops), never one regex over a whole body: a long regex
+# scan holds the GIL, and the live source reads bodies of megabytes in a worker thread.
+_STARTS = ("\n", "\n# HELP ", "\n# TYPE ")
+
+
+def _has_line(text: str, start: str) -> bool:
+    return text.startswith(start) or ("\n" + start) in text
 
 
 def dialect(text: str) -> str:
     """'sglang_' or 'nim' when the text needs renaming to the canonical names, else ''."""
     if "vllm:" in text or "sglang:" in text:
         return ""
-    if text.startswith("sglang_") or "\nsglang_" in text:
+    if _has_line(text, "sglang_"):
         return "sglang_"
-    head = text[:65536]
-    if "num_requests_running" in head and _NIM_RE.search(head):
+    if _has_line(text, "num_requests_running") or _has_line(text, "gpu_cache_usage_perc"):
         return "nim"
     return ""
+
+
+def _rename(text: str, old: str, new: str) -> str:
+    text = "\n" + text  # so that the first line is found like the others
+    for start in _STARTS:
+        text = text.replace(start + old, start + new)
+    return text[1:]
 
 
 def canonical(text: str) -> tuple[str, str]:
     """(text with the canonical names, the dialect it was written in or '')."""
     d = dialect(text)
     if d == "sglang_":
-        return _SGLANG_RE.sub(r"\1sglang:", text), d
+        return _rename(text, "sglang_", "sglang:"), d
     if d == "nim":
-        return _NIM_RE.sub(lambda m: (m.group(1) or "") + NIM_NAMES[m.group(2)], text), d
+        for old, new in NIM_NAMES.items():
+            text = _rename(text, old, new)
+        return text, d
     return text, d
 
 
@@ -281,9 +290,6 @@ DIALECT_NOTES = {
 # -- families gpuwatch does not read --------------------------------------------------------
 
 MAX_FAMILIES = 64  # families listed per engine in /api/state
-_TYPE_RE = re.compile(r"^# TYPE (\S{1,200}) (\w+)", re.M)
-
-
 def family(name: str) -> str:
     for s in ("_total", "_created", "_bucket", "_sum", "_count"):
         if name.endswith(s):
@@ -295,13 +301,21 @@ def declared(text: str, kind: str) -> set[str]:
     """Family names the text declares (# TYPE) under the engine's own prefixes, bounded."""
     own = OWN_PREFIXES.get(kind, ())
     out: set[str] = set()
-    for m in _TYPE_RE.finditer(text):
-        name, typ = m.groups()
-        if not name.startswith(own) or (name.endswith("_created") and typ == "gauge"):
+    head = "# TYPE "
+    pos = 0 if text.startswith(head) else text.find("\n" + head)
+    pos = pos + 1 if pos > 0 else pos  # the '#' of the line, or -1: none
+    while pos >= 0 and len(out) < 4 * MAX_FAMILIES:
+        start = pos + len(head)
+        end = text.find("\n", start)
+        parts = text[start:end if end >= 0 else len(text)][:256].split()
+        nxt = text.find("\n" + head, end) if end >= 0 else -1
+        pos = nxt + 1 if nxt >= 0 else -1
+        if len(parts) < 2 or not parts[0].startswith(own):
+            continue
+        name, typ = parts[0], parts[1]
+        if name.endswith("_created") and typ == "gauge":
             continue  # prometheus_client's creation timestamps are not families
         out.add(name.removesuffix("_total") if typ == "counter" else name)
-        if len(out) >= 4 * MAX_FAMILIES:
-            break
     return out
 
 

@@ -67,6 +67,7 @@ class Reading:
     sli_source: dict[str, str] = field(default_factory=dict)
     waiting_by_reason: dict[str, float] = field(default_factory=dict)
     counts_errors: bool = False
+    sli_missing: dict[str, str] = field(default_factory=dict)  # merged into missing
     # The engine's own families that gpuwatch does not read, and those the alias table
     # calls removed (aliases.py).
     unread_families: list[str] = field(default_factory=list)

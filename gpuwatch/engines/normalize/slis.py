@@ -37,7 +37,7 @@ def key(sli: str, name: str) -> str:
 
 def wanted(kind: str) -> frozenset[str]:
     """Sample names this module reads for an engine, besides the engine module's own."""
-    bases = [a.name for a in aliases.TABLES.get(kind, ()) if a.role in ROLES]
+    bases = [a.name for a in _table(kind)]
     bases += [a.count for a in aliases.TABLES.get(kind, ()) if a.count]
     return wanted_names(bases)
 
@@ -49,9 +49,10 @@ def read_families(kind: str, module_wanted: frozenset[str]) -> set[str]:
 
 def add(r: c.Reading, expo: Exposition, kind: str, group: tuple[str, ...],
         ranks: tuple[str, ...] = ()) -> None:
-    table = [a for a in aliases.TABLES.get(kind, ()) if a.role in ROLES]
+    table = _table(kind)
+    keep = _llm_models(expo) if kind == "triton" else None
     for sli in SLIS:
-        _latency(r, expo, table, sli, group, ranks)
+        _latency(r, expo, table, sli, group, ranks, keep)
     for role in TOKENS:
         found = False
         for a in table:
@@ -60,9 +61,24 @@ def add(r: c.Reading, expo: Exposition, kind: str, group: tuple[str, ...],
                 found |= c.add_counter(r, expo, a.name + "_total", role, group,
                                        rank_labels=ranks)
         if not found:
-            r.missing[role] = _why_absent(kind, table, role)
-    _finished(r, expo, kind, table, group, ranks)
+            r.sli_missing[role] = _why_absent(kind, table, role)
+    _finished(r, expo, kind, table, group, ranks, keep)
     _waiting(r, expo, kind, table, ranks)
+
+
+def _table(kind: str) -> list[aliases.Alias]:
+    """The aliases read for an engine; per-request TPOT only where it has no ITL."""
+    table = [a for a in aliases.TABLES.get(kind, ()) if a.role in ROLES]
+    if any(a.role == ITL for a in table):
+        table = [a for a in table if a.role != "tpot"]
+    return table
+
+
+def _llm_models(expo: Exposition):
+    """With TensorRT-LLM behind Triton, only the LLM model's requests: the ensemble and its
+    pre- and post-processing models count every request again (as in triton.py)."""
+    llm = {c.label(k, "model") for k in expo.get("nv_trt_llm_request_metrics")}
+    return (lambda k: c.label(k, "model") in llm) if llm else None
 
 
 def _why_absent(kind: str, table: list, role: str) -> str:
@@ -72,7 +88,8 @@ def _why_absent(kind: str, table: list, role: str) -> str:
     return f"{' / '.join(names)} {c.NOT_EXPOSED}"
 
 
-def _latency(r: c.Reading, expo: Exposition, table: list, sli: str, group, ranks) -> None:
+def _latency(r: c.Reading, expo: Exposition, table: list, sli: str, group, ranks,
+             keep=None) -> None:
     roles = (sli, "tpot") if sli == ITL else (sli,)
     cands = [a for role in roles for a in table if a.role == role]
     why = ""
@@ -93,27 +110,28 @@ def _latency(r: c.Reading, expo: Exposition, table: list, sli: str, group, ranks
             return
         if a.shape == "sum" and a.name in expo and a.count in expo:
             ok = c.add_counter(r, expo, a.name, key(sli, c.QUEUE_SUM), group,
-                               rank_labels=ranks, scale=a.scale)
+                               rank_labels=ranks, scale=a.scale, keep=keep)
             ok &= c.add_counter(r, expo, a.count, key(sli, c.QUEUE_COUNT), group,
-                                rank_labels=ranks)
+                                rank_labels=ranks, keep=keep)
             if ok:
                 r.sli_source[sli] = a.name
-                r.missing[sli] = f"{a.name} is a cumulative sum: only the mean is available"
+                r.sli_missing[sli] = f"{a.name} is a cumulative sum: only the mean is available"
                 return
     if not cands:
-        r.missing[sli] = f"{r.kind} exposes no {aliases.ROLES[sli]} metric"
+        r.sli_missing[sli] = f"{r.kind} exposes no {aliases.ROLES[sli]} metric"
     else:
         names = " / ".join(a.name for a in cands)
-        r.missing[sli] = f"{names} {c.NOT_EXPOSED}" if not why or why == c.NOT_EXPOSED \
+        r.sli_missing[sli] = f"{names} {c.NOT_EXPOSED}" if not why or why == c.NOT_EXPOSED \
             else why
-    r.missing[sli + "_mean"] = r.missing[sli]
+    r.sli_missing[sli + "_mean"] = r.sli_missing[sli]
 
 
 def _reason(v: str) -> str:
     return v if v in FINISHED_REASONS else "other"
 
 
-def _finished(r: c.Reading, expo: Exposition, kind: str, table: list, group, ranks) -> None:
+def _finished(r: c.Reading, expo: Exposition, kind: str, table: list, group, ranks,
+              keep=None) -> None:
     found = False
     has_error = False
     for a in table:
@@ -124,13 +142,15 @@ def _finished(r: c.Reading, expo: Exposition, kind: str, table: list, group, ran
         if not series:
             continue
         if a.role == "failed":
-            found |= c.add_counter(r, expo, name, FINISHED + "error", group, rank_labels=ranks)
+            found |= c.add_counter(r, expo, name, FINISHED + "error", group, rank_labels=ranks,
+                                   keep=keep)
             has_error = True
             continue
         reasons = {c.label(k, "finished_reason") for k in series}
         if reasons == {""}:
             # the engine counts successes without saying why they ended
-            found |= c.add_counter(r, expo, name, FINISHED + "ok", group, rank_labels=ranks)
+            found |= c.add_counter(r, expo, name, FINISHED + "ok", group, rank_labels=ranks,
+                                   keep=keep)
             continue
         for reason in {_reason(v) for v in reasons}:
             found |= c.add_counter(
@@ -138,10 +158,10 @@ def _finished(r: c.Reading, expo: Exposition, kind: str, table: list, group, ran
                 keep=lambda k, reason=reason: _reason(c.label(k, "finished_reason")) == reason)
         has_error |= "error" in reasons
     if not found:
-        r.missing["requests_finished"] = _why_absent(kind, table, "finished")
-        r.missing[ERROR_RATIO] = r.missing["requests_finished"]
+        r.sli_missing["requests_finished"] = _why_absent(kind, table, "finished")
+        r.sli_missing[ERROR_RATIO] = r.sli_missing["requests_finished"]
     elif not has_error:
-        r.missing[ERROR_RATIO] = f"{kind} does not count failed requests in this scrape"
+        r.sli_missing[ERROR_RATIO] = f"{kind} does not count failed requests in this scrape"
     r.counts_errors = has_error
 
 
@@ -159,4 +179,4 @@ def _waiting(r: c.Reading, expo: Exposition, kind: str, table: list, ranks) -> N
                 by[reason] = by.get(reason, 0.0) + value
         r.waiting_by_reason = by
         return
-    r.missing[WAITING_BY_REASON] = _why_absent(kind, table, "waiting_by_reason")
+    r.sli_missing[WAITING_BY_REASON] = _why_absent(kind, table, "waiting_by_reason")
