@@ -129,8 +129,9 @@ class EngineAnalyzer:
         # along; replay (and the simulator) read the same recorded text here.
         pre = getattr(sample, "reading", None)
         try:
+            lim = self._limits(sample.name)
             reading, why = pre if pre is not None else read(
-                sample.exposition, sample.kind or "auto", self._limits(sample.name).max_series)
+                sample.exposition, sample.kind or "auto", lim.max_series, lim.max_series_groups)
         except Exception as exc:  # a sample must never take the daemon down
             reading, why = None, f"could not read the exposition: {type(exc).__name__}: {exc}"
         if reading is None:
@@ -178,7 +179,7 @@ class EngineAnalyzer:
         restarts = tr.bank.update(r.start_time, r.counters)
         st.restarts_detected = max(st.restarts_detected + restarts, 0)
         st.series_groups = tr.bank.groups()
-        refused = tr.bank.refused
+        refused = tr.bank.refused + r.groups_left_out
         st.limit = (
             f"{refused} series group(s) of this scrape refused: the engine is at its cap of "
             f"{tr.bank.max_groups} (max_series_groups)" if refused else ""

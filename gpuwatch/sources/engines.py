@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import threading
 import time
-import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -26,8 +28,9 @@ from yarl import URL
 
 from gpuwatch import __version__
 from gpuwatch.engines import discovery as disc
+from gpuwatch.engines.body import prepare
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
-from gpuwatch.engines.normalize import Reading, compact, read
+from gpuwatch.engines.normalize import Reading
 from gpuwatch.engines.urls import engines_from_urls, host_port, is_local, same_local_endpoint
 from gpuwatch.model import EngineSample
 
@@ -38,11 +41,12 @@ log = logging.getLogger(__name__)
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 CHUNK = 64 * 1024
 MAX_REDIRECTS = 3
-EXCERPT_CHARS = 80
-# Bodies are read by a pool of their own, so a flood of huge scrapes queues there and never
-# starves the NVML sampling of the default executor.
-PARSE_THREADS = 2
-_pool: ThreadPoolExecutor | None = None
+# Bodies are read in worker processes: reading a big exposition is CPU-bound Python that,
+# in a thread, would hold the GIL in long stretches and stall the event loop (/metrics).
+# A flood of huge scrapes queues there and never starves the loop or the NVML sampling.
+READERS = 2
+_pool: ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 Sink = Callable[[EngineSample], None]
 
@@ -91,59 +95,37 @@ def session_for(cfg: EngineConfig) -> aiohttp.ClientSession:
     )
 
 
-def _parse_pool() -> ThreadPoolExecutor:
+def _start_readers() -> ProcessPoolExecutor:
+    """Start the reader processes (blocking: call it off the loop)."""
     global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="gpuwatch-engine-read")
-    return _pool
+    with _pool_lock:
+        if _pool is not None:
+            return _pool
+        # spawn: the daemon has threads, and a fork would copy them and their locks
+        pool = ProcessPoolExecutor(READERS, mp_context=multiprocessing.get_context("spawn"))
+        # Workers are spawned on demand by submit(): have them all started here, not in
+        # the loop's thread at its first scrapes.
+        for f in [pool.submit(time.sleep, 0.2) for _ in range(READERS)]:
+            f.result()
+        _pool = pool
+        return pool
+
+
+async def _readers() -> ProcessPoolExecutor:
+    return _pool if _pool is not None else await asyncio.to_thread(_start_readers)
+
+
+def _reader_died() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=False, cancel_futures=True)
+    _pool = None  # the next scrape starts new readers
 
 
 def origin(url: str | URL) -> tuple[str, str, int | None]:
     """(scheme, host, port) with the scheme's default port filled in."""
     u = URL(str(url))
     return (u.scheme.lower(), (u.host or "").lower(), u.port)
-
-
-def _decompress(body: bytes, encoding: str, cap: int) -> tuple[bytes | None, str]:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body, ""
-    if encoding not in ("gzip", "x-gzip", "deflate"):
-        return None, f"unsupported Content-Encoding {encoding[:40]!r}"
-    # gzip, or deflate as zlib (RFC 9110) or, as some servers send it, raw
-    tries = (16 + zlib.MAX_WBITS,) if "gzip" in encoding else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
-    for wbits in tries:
-        d = zlib.decompressobj(wbits)
-        try:
-            out = d.decompress(body, cap + 1)  # never more than the cap, whatever the ratio
-        except zlib.error:
-            continue
-        if len(out) > cap or d.unconsumed_tail:
-            return None, f"decompressed response is over the {cap}-byte limit"
-        return out, ""
-    return None, f"the {encoding} body could not be decompressed"
-
-
-def prepare(
-    body: bytes, encoding: str, kind: str, cap: int, max_series: int
-) -> tuple[str | None, Reading | None, str]:
-    """Body -> (text to record, its reading, '') or (None, None, why). Runs off the loop.
-
-    The text is what read() uses of the body (compact), and the reading is read() of that
-    very text, so the live analysis and a replay of the recording agree.
-    """
-    data, why = _decompress(body, encoding, cap)
-    if data is None:
-        return None, None, why
-    text = data.decode("utf-8", errors="replace")
-    kept = compact(text, kind, max_series)
-    reading, why = read(kept, kind, max_series)
-    if reading is None:
-        excerpt = text.lstrip()[:EXCERPT_CHARS]
-        if not excerpt.isprintable():  # binary: the reason says so, bytes would not help
-            return None, None, why[:200]
-        return None, None, f"{why[:200]}; it starts with {excerpt!r}"
-    return kept, reading, ""
 
 
 async def _fetch(
@@ -217,8 +199,11 @@ async def scrape(
     if body is not None and not error:
         try:
             text, reading, error = await asyncio.get_running_loop().run_in_executor(
-                _parse_pool(), prepare, body, encoding, cfg.kind, cfg.max_body_bytes,
-                cfg.max_series)
+                await _readers(), prepare, body, encoding, cfg.kind, cfg.max_body_bytes,
+                cfg.max_series, cfg.max_series_groups)
+        except BrokenProcessPool:
+            _reader_died()
+            error = "the process reading engine responses died; it is restarted"
         except Exception as exc:
             error = f"could not read the response: {_describe(exc)}"
         del body

@@ -6,10 +6,12 @@ names it uses) and normalize(expo, text) -> Reading.
 
 from __future__ import annotations
 
+from itertools import islice
+
 from gpuwatch.engines import aliases
 from gpuwatch.engines.detect import describe_unrecognized, detect_kind
 from gpuwatch.engines.normalize import llamacpp, sglang, slis, tgi, triton, vllm
-from gpuwatch.engines.normalize.common import Reading
+from gpuwatch.engines.normalize.common import Reading, note
 from gpuwatch.engines.parse import MAX_KEPT_LINES, help_text, parse, select_lines
 
 MODULES = {
@@ -31,7 +33,7 @@ def compact(text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES) -> 
     """Only what read() uses of an exposition: the wanted sample lines and their # HELP.
 
     The engine source keeps this (not the whole scrape) in the sample, so the live analysis,
-    the recording and its replay all read the same text, a tenth of the size. Text that is
+    the recording and its replay all read the same text, a third of the size or less. Text that is
     not recognized stays whole, for the reason read() gives.
     """
     text, _ = aliases.canonical(text)
@@ -50,12 +52,14 @@ def compact(text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES) -> 
 
 
 def read(
-    text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES
+    text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES,
+    max_groups: int | None = None,
 ) -> tuple[Reading | None, str]:
     """(reading, '') for an exposition gpuwatch understands, else (None, why not).
 
     kind 'auto' recognizes the engine from its metric names; an explicit kind is trusted
-    but must find some of its metrics.
+    but must find some of its metrics. At most max_series wanted lines are read, and the
+    counters of at most max_groups series groups are kept (the first ones in the text).
     """
     text, dialect = aliases.canonical(text)
     detected = detect_kind(text)
@@ -82,4 +86,10 @@ def read(
         reading.notes.append(aliases.DIALECT_NOTES[dialect])
     reading.unread_families = aliases.unread(
         aliases.declared(text, kind), slis.read_families(kind, module.WANTED))
+    if max_groups is not None and len(reading.counters) > max_groups:
+        extra = len(reading.counters) - max_groups
+        reading.counters = dict(islice(reading.counters.items(), max_groups))
+        reading.groups_left_out = extra
+        note(reading, f"{extra} series group(s) beyond max_series_groups ({max_groups}) "
+                      "left out of this scrape")
     return reading, ""

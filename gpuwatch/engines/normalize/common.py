@@ -60,6 +60,7 @@ class Reading:
     # process_start_time_seconds where exposed: a change means the engine restarted.
     start_time: float | None = None
     ranks: int = 0
+    groups_left_out: int = 0  # series groups beyond the endpoint's cap, not read
     missing: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     # Serving SLIs (normalize/slis.py): bucket bounds and source family per latency SLI.
