@@ -82,7 +82,7 @@ def read(
     reading.notes.extend(expo.notes)
     slis.add(reading, expo, kind, module.GROUP, getattr(module, "RANKS", ()))
     if dialect:
-        reading.generation += "/" + dialect.rstrip("_")
+        reading.generation = dialect  # nim | sglang_
         reading.notes.append(aliases.DIALECT_NOTES[dialect])
     reading.unread_families = aliases.unread(
         aliases.declared(text, kind), slis.read_families(kind, module.WANTED))
