@@ -151,8 +151,6 @@ SGLANG = (
           fixture="sglang.prom", shape="counter"),
     Alias("sglang:time_to_first_token_seconds", "ttft", source=SG_SEP, fixture=SG_NEW),
     Alias("sglang:inter_token_latency_seconds", "itl", source=SG_SEP, fixture=SG_NEW),
-    # older SGLang called the time between tokens TPOT
-    Alias("sglang:time_per_output_token_seconds", "itl", source=SG_SEP, fixture=SG_NEW),
     Alias("sglang:e2e_request_latency_seconds", "e2e", source=SG_SEP, fixture=SG_NEW),
 )
 
@@ -270,8 +268,20 @@ def _rename(text: str, old: str, new: str) -> str:
     return text[1:]
 
 
+# First line of a compacted exposition that was renamed, so that reading it again (live,
+# or in a replay of the recording) still says which dialect the engine wrote.
+MARK = "# gpuwatch: renamed from dialect "
+
+
+def mark(text: str, d: str) -> str:
+    return f"{MARK}{d}\n{text}" if d else text
+
+
 def canonical(text: str) -> tuple[str, str]:
     """(text with the canonical names, the dialect it was written in or '')."""
+    if text.startswith(MARK):
+        d = text[len(MARK):text.find("\n")]
+        return text, d if d in DIALECT_NOTES else ""
     d = dialect(text)
     if d == "sglang_":
         return _rename(text, "sglang_", "sglang:"), d
@@ -310,7 +320,7 @@ def declared(text: str, kind: str) -> set[str]:
         parts = text[start:end if end >= 0 else len(text)][:256].split()
         nxt = text.find("\n" + head, end) if end >= 0 else -1
         pos = nxt + 1 if nxt >= 0 else -1
-        if len(parts) < 2 or not parts[0].startswith(own):
+        if len(parts) < 2 or not parts[0].startswith(own) or len(parts[0]) > 200:
             continue
         name, typ = parts[0], parts[1]
         if name.endswith("_created") and typ == "gauge":

@@ -36,7 +36,8 @@ def compact(text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES) -> 
     the recording and its replay all read the same text, a third of the size or less. Text that is
     not recognized stays whole, for the reason read() gives.
     """
-    text, _ = aliases.canonical(text)
+    original = text
+    text, dialect = aliases.canonical(text)
     detected = detect_kind(text)
     kind = detected if kind == "auto" else kind
     module = MODULES.get(kind or "")
@@ -48,7 +49,9 @@ def compact(text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES) -> 
         return text  # read() explains why from the whole text
     helps = [f"# HELP {n} {h}" for n in sorted(wanted) if (h := help_text(text, n))]
     # the families it declares, so that the unread list survives compaction
-    return "\n".join([*helps, *aliases.type_lines(text, kind), *lines]) + "\n"
+    kept = aliases.mark(
+        "\n".join([*helps, *aliases.type_lines(text, kind), *lines]) + "\n", dialect)
+    return kept if len(kept) < len(original) else original  # nothing to drop (NIM)
 
 
 def read(

@@ -142,8 +142,12 @@ def _finished(r: c.Reading, expo: Exposition, kind: str, table: list, group, ran
         if not series:
             continue
         if a.role == "failed":
-            found |= c.add_counter(r, expo, name, FINISHED + "error", group, rank_labels=ranks,
-                                   keep=keep)
+            # Triton: a cancelled request is an abort, any other failure an error
+            for reason in ("abort", "error"):
+                found |= c.add_counter(
+                    r, expo, name, FINISHED + reason, group, rank_labels=ranks,
+                    keep=lambda k, reason=reason: (keep is None or keep(k)) and reason == (
+                        "abort" if c.label(k, "reason") == "CANCELED" else "error"))
             has_error = True
             continue
         reasons = {c.label(k, "finished_reason") for k in series}
