@@ -369,3 +369,28 @@ def test_reading_a_huge_body_does_not_block_the_event_loop():
     s, lags = asyncio.run(go())
     assert s.error is None and s.reading[0].ranks > 0
     assert max(lags) < 0.15, f"the loop stalled {max(lags):.3f}s"
+
+
+def test_what_the_source_read_off_the_loop_equals_what_replay_reads():
+    """The live analyzer uses the reading the source attached; replay reads the recorded
+    text again: same states."""
+    import msgspec
+
+    from gpuwatch.model import EngineSample, Tick
+    from gpuwatch.signals.conditions import Conditions
+    from gpuwatch.signals.derived import Derived
+    from gpuwatch.signals.engine import EngineAnalyzer
+
+    async def h(request):
+        return web.Response(text=VLLM)
+
+    s = asyncio.run(scrape_once({"/metrics": h}))
+    assert s.reading is not None
+    recorded = msgspec.json.decode(msgspec.json.encode(s), type=EngineSample)
+    assert getattr(recorded, "reading", None) is None  # never written to the recording
+    states = []
+    for sample in (s, recorded):
+        derived = Derived()
+        EngineAnalyzer().update(Tick(t=1.0, engines=[sample]), derived, Conditions())
+        states.append(derived.engines[s.name])
+    assert states[0] == states[1] and states[0].up

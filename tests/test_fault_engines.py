@@ -28,8 +28,9 @@ MAX_QUEUE_SECONDS = 86400.0
 @pytest.fixture
 def abusive(tmp_path):
     port_file = tmp_path / "abusive.port"
-    proc = Proc([sys.executable, "-m", "tests.abusive_engines", str(port_file)], tmp_path,
-                "abusive", env=child_env())
+    # Niced: the endpoints stand for remote hosts; their CPU is not the daemon's to share.
+    proc = Proc(["nice", "-n", "10", sys.executable, "-m", "tests.abusive_engines",
+                 str(port_file)], tmp_path, "abusive", env=child_env())
     try:
         wait_until(lambda: port_file.exists(), 60, what="the abusive endpoints")
         yield int(port_file.read_text())
@@ -107,9 +108,9 @@ class Watch:
         """Peak RSS of the last quarter of the run over the peak just after warm-up: bodies
         in flight make RSS swing by tens of MiB, a leak raises the peaks."""
         end = self.rss[-1][0]
-        early = max(r for t, r in self.rss if warm <= t <= warm + end / 4)
-        late = max(r for t, r in self.rss if t >= end * 3 / 4)
-        return late - early
+        early = [r for t, r in self.rss if warm <= t <= warm + end / 4] or [self.rss[0][1]]
+        late = [r for t, r in self.rss if t >= end * 3 / 4]
+        return max(late) - max(early)
 
     def p99(self) -> float:
         lat = sorted(self.latencies)
@@ -151,7 +152,19 @@ def assert_sane(state: dict) -> None:
             assert v <= MAX_QUEUE_SECONDS, ev
 
 
+def baseline_p99(abusive, daemon) -> float:
+    """/metrics p99 of a daemon scraping only the healthy engine, on this machine now: a
+    shared or slow machine raises every latency, and the bounds below allow for it."""
+    d = daemon(config_toml=config(abusive, ()))
+    w = Watch(d)
+    w.run(20, state_every=60)
+    d.stop()
+    print(w.report("baseline"))
+    return w.p99()
+
+
 def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, daemon):
+    limit = max(0.05, 4 * baseline_p99(abusive, daemon))
     d = daemon(config_toml=config(abusive, ABUSES))
     w = Watch(d)
     w.run(75)
@@ -178,11 +191,12 @@ def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, 
     growth = w.growth(warm=15)
     assert growth < 20, f"RSS grew {growth:.1f} MiB: {w.rss}"
     assert max(r for _, r in w.rss) < 400 and max(w.children_rss) < 600
-    assert w.p99() < 0.05, f"/metrics p99 {w.p99() * 1000:.1f} ms"
+    assert w.p99() < limit, f"/metrics p99 {w.p99() * 1000:.1f} ms (limit {limit * 1000:.1f})"
 
 
 def test_label_churn_keeps_memory_and_metrics_latency_bounded(abusive, daemon):
     """10k new label sets per scrape for three minutes."""
+    limit = max(0.010, 2 * baseline_p99(abusive, daemon))
     d = daemon(config_toml=config(abusive, ("churn",)))
     w = Watch(d)
     w.run(180, state_every=30)
@@ -192,4 +206,4 @@ def test_label_churn_keeps_memory_and_metrics_latency_bounded(abusive, daemon):
     assert churn["up"] and churn["series_groups"] <= 512
     assert "max_series_groups" in churn["limit"]
     assert growth < 20, f"RSS grew {growth:.1f} MiB: {w.rss}"
-    assert w.p99() < 0.010, f"/metrics p99 {w.p99() * 1000:.1f} ms"
+    assert w.p99() < limit, f"/metrics p99 {w.p99() * 1000:.1f} ms (limit {limit * 1000:.1f})"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -39,12 +40,13 @@ log = logging.getLogger(__name__)
 # Ask for the classic text format; engines that only speak something else still answer
 # with text, and any content type is accepted (some send application/octet-stream).
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
-CHUNK = 64 * 1024
 MAX_REDIRECTS = 3
 # Bodies are read in worker processes: reading a big exposition is CPU-bound Python that,
 # in a thread, would hold the GIL in long stretches and stall the event loop (/metrics).
 # A flood of huge scrapes queues there and never starves the loop or the NVML sampling.
 READERS = 2
+# Readers yield the CPU to the daemon's loop (/metrics, ticks) and to NVML sampling.
+READER_NICENESS = 10
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -102,7 +104,8 @@ def _start_readers() -> ProcessPoolExecutor:
         if _pool is not None:
             return _pool
         # spawn: the daemon has threads, and a fork would copy them and their locks
-        pool = ProcessPoolExecutor(READERS, mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(READERS, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=os.nice, initargs=(READER_NICENESS,))
         # Workers are spawned on demand by submit(): have them all started here, not in
         # the loop's thread at its first scrapes.
         for f in [pool.submit(time.sleep, 0.2) for _ in range(READERS)]:
@@ -164,7 +167,7 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> tuple[bytes | 
         return None, f"response of {resp.content_length} bytes is over the {cap}-byte limit"
     chunks: list[bytes] = []
     size = 0
-    async for chunk in resp.content.iter_chunked(CHUNK):
+    async for chunk in resp.content.iter_any():  # what has arrived: fewest loop turns
         size += len(chunk)
         if size > cap:
             resp.close()  # drop the connection instead of draining the rest
