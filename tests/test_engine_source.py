@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import os
 import subprocess
@@ -394,3 +395,52 @@ def test_what_the_source_read_off_the_loop_equals_what_replay_reads():
         EngineAnalyzer().update(Tick(t=1.0, engines=[sample]), derived, Conditions())
         states.append(derived.engines[s.name])
     assert states[0] == states[1] and states[0].up
+
+
+def test_huge_garbage_and_stalling_endpoints_do_not_make_a_healthy_one_late():
+    huge = ("".join(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1\n'
+                    for i in range(250_000))).encode()  # ~15 MB of valid lines
+    junk = os.urandom(2 * 2**20)
+
+    async def big(request):
+        return web.Response(body=huge)
+
+    async def garbage(request):
+        return web.Response(body=junk)
+
+    async def slowloris(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):  # the client gives up
+            for _ in range(20):
+                await resp.write(b"v")
+                await asyncio.sleep(0.2)
+        return resp
+
+    async def fast(request):
+        return web.Response(text=VLLM)
+
+    async def go():
+        runner, port = await serve({"/big1": big, "/big2": big, "/garbage": garbage,
+                                    "/slowloris": slowloris, "/fast": fast})
+        hostile = [cfg(port, p, interval_seconds=0.3, timeout_seconds=1.0)
+                   for p in ("/big1", "/big2", "/garbage", "/slowloris")]
+        samples = []
+        src = EngineSource([*hostile, cfg(port, "/fast", interval_seconds=0.3,
+                                          timeout_seconds=1.0)], DiscoveryConfig())
+        task = asyncio.create_task(src.run(samples.append))
+        await asyncio.sleep(6)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.cleanup()
+        return samples
+
+    samples = asyncio.run(go())
+    fast_s = [s for s in samples if s.name == "e-fast"]
+    # never an error; its bodies may wait for a reader behind the 15 MB ones
+    assert len(fast_s) >= 4 and [s.error for s in fast_s if s.error] == []
+    by_name = {s.name: s for s in samples}
+    big1 = by_name["e-big1"]
+    assert big1.error is None and big1.reading[0].ranks == 20_000  # max_series lines read
+    assert "binary response" in by_name["e-garbage"].error
+    assert "within 1s" in by_name["e-slowloris"].error
