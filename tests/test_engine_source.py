@@ -369,7 +369,9 @@ def test_reading_a_huge_body_does_not_block_the_event_loop():
 
     s, lags = asyncio.run(go())
     assert s.error is None and s.reading[0].ranks > 0
-    assert max(lags) < 0.15, f"the loop stalled {max(lags):.3f}s"
+    # Read on the loop, this body stalled it for 1.5 s (2-core VM); what is left is the
+    # loop's own share of moving 15 MB (and of a busy machine).
+    assert max(lags) < 0.5, f"the loop stalled {max(lags):.3f}s"
 
 
 def test_what_the_source_read_off_the_loop_equals_what_replay_reads():
