@@ -22,7 +22,9 @@ class Alias:
     name: str  # family name as the engine writes it (no _total/_bucket/_sum/_count)
     role: str  # what gpuwatch reads it as (see ROLES)
     since: str = ""  # first version with this name ("" = as far back as gpuwatch knows)
-    removed: str = ""  # first version without it ("" = still exposed)
+    # first version without it ("" = still exposed; "unknown" = removed in a release the
+    # table does not know, so any versioned exposition that has it contradicts the table)
+    removed: str = ""
     replaced_by: str = ""
     source: str = ""
     fixture: str = ""  # fixture file that has it
@@ -167,8 +169,8 @@ LLAMACPP = (
           fixture="llamacpp.prom", shape="counter"),
     Alias("llamacpp:tokens_predicted", "generation_tokens", source=LC_DOC,
           fixture="llamacpp.prom", shape="counter"),
-    Alias("llamacpp:kv_cache_usage_ratio", "kv_usage", removed="b5000",
-          source="llama.cpp removed its KV-cache gauges from /metrics",
+    Alias("llamacpp:kv_cache_usage_ratio", "kv_usage", removed="unknown",
+          source="llama.cpp PR #13660 removed the KV-cache gauges (listed in #22879)",
           fixture="", shape="gauge"),
 )
 
