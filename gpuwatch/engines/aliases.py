@@ -56,8 +56,10 @@ ROLES = {
     "cache_config": "cache configuration",
 }
 
-V_PRS = "vLLM PR #18354 (deprecated gpu_ names), #29330 (removed them in 0.12)"
-TPOT_PRS = "vLLM PR #24110 (TPOT deprecated in 0.11 for ITL), #32661 (removed in 0.13)"
+V_PRS = ("vLLM PR #18354 (new names, gpu_ ones deprecated; released in 0.9.2), #24245 "
+         "(hidden in 0.11), #29330 (removed in 0.12)")
+TPOT_PRS = ("vLLM PR #24110 (TPOT deprecated in 0.11 for ITL), #29330 (hidden in 0.12), "
+            "#32661 (removed, for 0.13)")
 V_LOGGERS = "vllm/v1/metrics/loggers.py"
 V033 = "vllm-0.33.0-statlogger.prom"
 V011 = "vllm-0.11-deprecated.prom"
@@ -71,15 +73,15 @@ VLLM = (
           shape="gauge"),
     Alias("vllm:num_requests_waiting", "waiting", source=V_LOGGERS, fixture=V033,
           shape="gauge"),
-    Alias("vllm:num_requests_waiting_by_reason", "waiting_by_reason", since="0.30",
+    Alias("vllm:num_requests_waiting_by_reason", "waiting_by_reason",
           source=V_LOGGERS, fixture=V033, shape="gauge"),
-    Alias("vllm:kv_cache_usage_perc", "kv_usage", since="0.10", source=V_PRS, fixture=V033,
+    Alias("vllm:kv_cache_usage_perc", "kv_usage", since="0.9.2", source=V_PRS, fixture=V033,
           shape="gauge"),
     Alias("vllm:gpu_cache_usage_perc", "kv_usage", removed="0.12",
           replaced_by="vllm:kv_cache_usage_perc", source=V_PRS, fixture=V011, shape="gauge"),
-    Alias("vllm:prefix_cache_queries", "prefix_queries", since="0.10", source=V_PRS,
+    Alias("vllm:prefix_cache_queries", "prefix_queries", since="0.9.2", source=V_PRS,
           fixture=V033, shape="counter"),
-    Alias("vllm:prefix_cache_hits", "prefix_hits", since="0.10", source=V_PRS, fixture=V033,
+    Alias("vllm:prefix_cache_hits", "prefix_hits", since="0.9.2", source=V_PRS, fixture=V033,
           shape="counter"),
     Alias("vllm:gpu_prefix_cache_queries", "prefix_queries", since="0.8", removed="0.12",
           replaced_by="vllm:prefix_cache_queries", source=V_PRS, fixture=V08,
@@ -100,7 +102,7 @@ VLLM = (
     # Before 0.11 this name measured the time between iterations, i.e. the ITL.
     Alias("vllm:time_per_output_token_seconds", "itl", removed="0.13",
           replaced_by="vllm:inter_token_latency_seconds", source=TPOT_PRS, fixture=V011),
-    Alias("vllm:request_time_per_output_token_seconds", "tpot", since="0.11",
+    Alias("vllm:request_time_per_output_token_seconds", "tpot",
           source="vLLM PR #23919 (per-request TPOT = decode time / decode tokens)",
           fixture=V033),
     Alias("vllm:e2e_request_latency_seconds", "e2e", source=V_LOGGERS, fixture=V033),
