@@ -30,7 +30,7 @@ def test_every_alias_has_a_source_and_a_fixture_that_carries_it():
                 assert a.removed, f"{a.name}: only a removed name may lack a fixture"
                 continue
             body = (FIXTURES / a.fixture).read_text()
-            written = {a.name, a.name.replace("sglang:", "sglang_")}
+            written = {a.name, a.name.replace("sglang:", "sglang_"), a.name.removeprefix("vllm:")}
             lines = {m.group(1) for m in re.finditer(r"^([^#\s{]+)", body, re.M)}
             assert any(n + s in lines for n in written for s in SUFFIXES), \
                 f"{kind}: {a.name} not in {a.fixture}"

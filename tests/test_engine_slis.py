@@ -101,6 +101,9 @@ def test_every_dialect_gives_the_hand_computed_slis(base):
     if base == "sglang-underscore":
         assert st.request_error_ratio is None
         assert "no finished requests" in st.missing["requests_finished"]
+    elif base == "nim-llm-1.x":  # successes and failures, no reasons
+        assert st.request_error_ratio == pytest.approx(1 / 20)
+        assert st.requests_finished_total == {"ok": 29, "error": 1}
     else:
         assert st.request_error_ratio == pytest.approx(1 / 20)
         assert st.requests_finished_total == {"stop": 27, "length": 2, "abort": 0, "error": 1}

@@ -112,6 +112,9 @@ VLLM = (
           shape="counter"),
     Alias("vllm:request_success", "finished", source=V_LOGGERS, fixture=V033,
           shape="counter"),
+    # NIM only (its request_failure_total, read through the NIM renaming below)
+    Alias("vllm:request_failure", "failed", source="NIM_REQUEST_FAILURE_TOTAL in NVIDIA "
+          "Run:ai's NIM observability metrics", fixture="nim-llm-1.x.prom", shape="counter"),
 )
 
 # NIM for LLMs serves vLLM's names without the `vllm:` prefix at /v1/metrics; gpuwatch
@@ -127,7 +130,8 @@ NIM = tuple(
         ("time_to_first_token_seconds", "ttft", "histogram"),
         ("time_per_output_token_seconds", "itl", "histogram"),
         ("e2e_request_latency_seconds", "e2e", "histogram"),
-        ("request_success", "finished", "counter"),
+        ("request_success", "finished", "counter"),  # stop or length, no reason label
+        ("request_failure", "failed", "counter"),  # any other finish reason
     )
 )
 
