@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gpuwatch.monitoring import dashboards, rules
+from tests.helpers import wait_until
 
 
 def test_serving_objectives_come_from_the_parameters():
@@ -45,3 +46,34 @@ def test_the_engines_dashboard_has_a_serving_row_per_model():
     expr = by_title["Time to first token"]["targets"][0]["expr"]
     assert 'quantile=~"0.5|0.95|0.99"' in expr and "_mean_seconds" in expr
     assert 'reason="error"' in by_title["Error ratio"]["targets"][0]["expr"]
+
+
+@pytest.mark.integration
+def test_a_real_prometheus_fires_the_serving_alerts_from_the_simulated_engine(
+        daemon, prometheus, tmp_path):
+    from tests.test_monitoring_integration import _rule_files
+
+    # objectives the simulated vLLM (p95 TTFT ~2 s, E2E ~15 s) misses by far
+    p = rules.RuleParams(ttft_slo_seconds=0.05, e2e_slo_seconds=0.5)
+    d = daemon("--simulate", "mixed")
+    prom = prometheus([d.address], rule_files=_rule_files(tmp_path, pending="5s", p=p))
+    prom.wait_for('up{job="gpuwatch"} == 1', timeout=30)
+    ttft = prom.wait_for('gpuwatch_engine_time_to_first_token_seconds{quantile="0.95"}',
+                         timeout=60)
+    assert 0.05 < float(ttft[0]["value"][1]) < 60
+
+    def firing():
+        names = {a["labels"]["alertname"] for a in prom.alerts() if a["state"] == "firing"}
+        want = {"GpuwatchTimeToFirstTokenHigh", "GpuwatchEndToEndLatencyHigh"}
+        return want if want <= names else None
+
+    wait_until(firing, 120, interval=2, what="the serving alerts to fire")
+    alert = next(a for a in prom.alerts()
+                 if a["labels"]["alertname"] == "GpuwatchTimeToFirstTokenHigh")
+    assert alert["labels"]["quantile"] == "0.95" and alert["labels"]["kind"] == "vllm"
+    assert "above the 0.05 s objective" in alert["annotations"]["description"]
+    # the error ratio's recording rules evaluate (the simulated engine fails one request
+    # every 2 minutes, so the ratio is a number, usually 0)
+    ratio = prom.wait_for("instance_engine:gpuwatch_engine_request_error:ratio_rate5m",
+                          timeout=60)
+    assert 0 <= float(ratio[0]["value"][1]) <= 1
