@@ -221,3 +221,30 @@ def test_hostile_reasons_are_bounded():
     st = run(text("vllm-0.33.0-statlogger.prom") + "\n".join(rows) + "\n").engines["e"]
     assert set(st.requests_finished_total) <= {"stop", "length", "abort", "error", "other"}
     assert st.requests_finished_total["other"] == 500
+
+
+REAL_VLLM = sorted(FIXTURES.glob("vllm-*-real-idle.prom"))
+
+
+@pytest.mark.parametrize("idle", REAL_VLLM, ids=lambda p: p.name)
+def test_a_real_vllm_server_under_load_moves_the_slis(idle):
+    load = idle.with_name(idle.name.replace("-idle", "-load"))
+    after = idle.with_name(idle.name.replace("-idle", "-after"))
+    derived = run(idle.read_text(), load.read_text(), after.read_text())
+    st = derived.engines["e"]
+    assert st.up and st.kind == "vllm", st.reason
+    for sli, name in (("ttft", "vllm:time_to_first_token_seconds"),
+                      ("e2e", "vllm:e2e_request_latency_seconds")):
+        assert st.sli_source[sli] == name
+        bounds, c0 = buckets(idle.read_text(), name)
+        _, c1 = buckets(after.read_text(), name)
+        deltas = [b - a for a, b in zip(c0, c1, strict=True)]
+        assert deltas[-1] > 0, "the load finished no request"
+        assert st.sli_quantiles_seconds[sli]["0.95"] == pytest.approx(
+            histogram_quantile(0.95, bounds, deltas))
+    assert "itl" in st.sli_quantiles_seconds
+    assert st.prompt_tokens_total > 0 and st.generation_tokens_total > 0
+    assert sum(st.requests_finished_total.values()) > 0
+    assert st.request_error_ratio == 0.0
+    assert st.requests_waiting_by_reason.keys() >= {"capacity"}
+    assert "vllm:engine_sleep_state" in st.unread_families
