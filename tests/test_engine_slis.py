@@ -248,3 +248,21 @@ def test_a_real_vllm_server_under_load_moves_the_slis(idle):
     assert st.request_error_ratio == 0.0
     assert st.requests_waiting_by_reason.keys() >= {"capacity"}
     assert "vllm:engine_sleep_state" in st.unread_families
+
+
+def test_the_real_llamacpp_server_counts_tokens_and_has_no_latency_slis():
+    names = [f"llamacpp-0.3.36-real-{p}.prom" for p in ("idle", "load", "after")]
+    derived = run(*(text(n) for n in names))
+    st = derived.engines["e"]
+
+    def total(body, name):
+        return math.fsum(s.value for f in text_string_to_metric_families(body)
+                         for s in f.samples if s.name == name)
+
+    last = text(names[-1])
+    assert st.generation_tokens_total == total(last, "llamacpp:tokens_predicted_total") > 0
+    assert st.prompt_tokens_total == total(last, "llamacpp:prompt_tokens_total") + total(
+        last, "llamacpp:prompt_tokens_cached_total") > 0
+    assert st.sli_quantiles_seconds == {} and st.sli_mean_seconds == {}
+    assert "no time to first token" in st.missing["ttft"]
+    assert "llamacpp:n_decode" in st.unread_families
