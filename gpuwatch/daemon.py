@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -22,16 +23,18 @@ import msgspec
 from aiohttp import web
 
 from gpuwatch import config as config_mod
+from gpuwatch import redact, webconfig
+from gpuwatch.attribution.source import make_source as make_attribution
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
-from gpuwatch.model import EngineSample, ProbeSample, Tick
+from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
 from gpuwatch.recording import Recorder
 from gpuwatch.signals.pipeline import Pipeline
-from gpuwatch.sources.probes import prepare_probe_dir, read_probes
+from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
 
 log = logging.getLogger("gpuwatch")
@@ -41,8 +44,12 @@ RECENT_EVENTS = 200
 
 class Daemon:
     def __init__(self, cfg: Config, config_path: str | None = None,
-                 overrides: dict[str, Any] | None = None) -> None:
+                 overrides: dict[str, Any] | None = None,
+                 web: webconfig.WebConfig | None = None) -> None:
+        redact.remember(cfg)
         self.config = cfg
+        self.web = web
+        self.guard: webconfig.Guard | None = None
         self.config_path = config_path
         self.overrides = overrides or {}
         self.host = socket.gethostname()
@@ -52,6 +59,7 @@ class Daemon:
         self.sampler = GpuSampler(self.backend, self.sources["nvml"],
                                   cfg.nvml.retry_max_seconds)
         self.pipeline = Pipeline.from_config(cfg)
+        self.attribution = make_attribution(cfg, self.backend, self.sources)
         self.recent: collections.deque[Event | ActionEvent] = collections.deque(
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
@@ -65,22 +73,23 @@ class Daemon:
         self.renderer = Renderer()
         self.remediator = None
         self.probe_dir = resolve_dir(cfg.probe.dir)
+        self.probe_reader = ProbeReader(self.probe_dir)
         if cfg.probe.enabled and not cfg.simulate and os.geteuid() == 0:
-            # Shared and sticky, so probes of every user can publish into it.
+            # Root's; each user's directory in it is made when their process is on a GPU.
             with contextlib.suppress(OSError):
                 prepare_probe_dir(self.probe_dir)
 
     # -- the tick ---------------------------------------------------------------------
-    async def _probes(self, now: float) -> list[ProbeSample]:
+    async def _probes(self, now: float, gpus: list[GpuSample]) -> list[ProbeSample]:
         own = self.backend.probes(now)
         if own is not None:
             return own
         if not self.config.probe.enabled:
             return []
-        problems: list[str] = []
-        samples = read_probes(self.probe_dir, now,
-                              stale_after=self.config.probe.stale_after_seconds,
-                              problems=problems)
+        # Off the loop: the directory is written by users, its cost is theirs to choose.
+        samples, problems = await asyncio.to_thread(
+            self.probe_reader.read, now, [p.pid for g in gpus for p in g.processes],
+            stale_after=self.config.probe.stale_after_seconds)
         st = self.sources.setdefault("probes", SourceStatus())
         st.up, st.last_success, st.reason = True, now, "; ".join(problems[:3])
         return samples
@@ -95,7 +104,10 @@ class Daemon:
     async def tick_once(self) -> Tick:
         now = time.time()
         gpus = await self.sampler.sample(now)
-        probes = await self._probes(now)
+        if self.attribution is not None:  # pods and jobs, from a slowly refreshed cache
+            await self.attribution.update(gpus, now)
+            self._extras["gpu_owners"] = self.attribution.gpu_owners
+        probes = await self._probes(now, gpus)
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
         events = self._process(tick)
         if self.remediator is not None:
@@ -133,7 +145,7 @@ class Daemon:
         if self._events_log is None:
             return
         try:
-            self._events_log.write(to_json(ev) + "\n")
+            self._events_log.write(redact.scrub_text(to_json(ev)) + "\n")
             self._events_log.flush()
         except OSError as exc:
             log.error("events log stopped: %s", exc)
@@ -205,10 +217,11 @@ class Daemon:
         except ConfigError as exc:
             log.error("configuration reload rejected, keeping the current one: %s", exc)
             return False
+        redact.remember(new)
         old, self.config = self.config, new
-        if new.listen != old.listen:
-            log.warning("listen address changes need a restart; still serving on %s",
-                        old.listen)
+        if (new.listen, new.web_config) != (old.listen, old.web_config):
+            log.warning("listen address and web_config changes need a restart; still serving "
+                        "on %s", old.listen)
         if (new.signals, new.thresholds) != (old.signals, old.thresholds):
             try:
                 self.pipeline = Pipeline.from_config(new)
@@ -220,6 +233,12 @@ class Daemon:
                 log.info("signals rebuilt from the new configuration (windows restart)")
         if (new.engines, new.discovery) != (old.engines, old.discovery):
             self._start_engines()
+        if self.guard is not None and new.web_config == old.web_config:
+            self._reload_web(new.web_config)
+        if (new.attribution, new.proc_root) != (old.attribution, old.proc_root):
+            if self.attribution is not None:
+                self.attribution.close()
+            self.attribution = make_attribution(new, self.backend, self.sources)
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             try:
@@ -231,6 +250,18 @@ class Daemon:
                     self.config, remediation=old.remediation, webhook=old.webhook)
         log.info("configuration reloaded")
         return True
+
+    def _reload_web(self, path: str) -> None:
+        try:
+            wc = webconfig.load(path)
+            restart = self.guard.update(wc)
+        except (webconfig.WebConfigError, ssl.SSLError, OSError) as exc:
+            log.error("web config reload rejected, keeping the current one: %s", exc)
+            return
+        if restart:
+            log.warning("web config: %s changes need a restart", ", ".join(restart))
+        else:
+            log.info("web config reloaded")
 
     # -- running ----------------------------------------------------------------------
     def _open_outputs(self) -> None:
@@ -252,15 +283,29 @@ class Daemon:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
         try:
+            if self.web is None and self.config.web_config:
+                self.web = webconfig.load(self.config.web_config)
+            if self.web is not None:
+                self.guard = webconfig.Guard(self.web)
+        except webconfig.WebConfigError as exc:
+            log.error("%s", exc)
+            return 2
+        try:
             self.remediator = self._make_remediator()
         except (ValueError, OSError) as exc:
             log.error("remediation: %s", exc)
             return 2
-        app = make_app(lambda: self.snapshot, self.renderer,
-                       extra_routes=self.remediator.routes())
+        routes = self.remediator.routes()
+        tls = None
+        if self.guard is not None:
+            self.guard.bearer = frozenset(r.path for r in routes)  # they check their own token
+            tls = self.guard.context
+        app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
+                       guard=self.guard)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True)
+        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True,
+                           ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
@@ -268,8 +313,12 @@ class Daemon:
             await runner.cleanup()
             await self.remediator.close()
             return 2
-        log.info("serving on http://%s:%d/ (backend: %s)", host or "0.0.0.0", port,
-                 self.backend.name)
+        log.info("serving on %s://%s:%d/ (backend: %s%s)", "https" if tls else "http",
+                 host or "0.0.0.0", port, self.backend.name,
+                 ", basic auth" if self.web is not None and self.web.users else "")
+        if self.web is not None and self.web.users and tls is None:
+            log.warning("basic auth without tls_server_config: passwords cross the network "
+                        "in clear")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
@@ -294,6 +343,8 @@ class Daemon:
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()
             self.sampler.close()
+            if self.attribution is not None:
+                self.attribution.close()
         return 0
 
     def _make_remediator(self):

@@ -35,6 +35,19 @@ async def serve(handlers: dict) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
+async def run_source(handlers: dict, configs, seconds: float) -> list:
+    """Serve handlers and scrape them with one EngineSource (configs(port)) for a while."""
+    runner, port = await serve(handlers)
+    samples = []
+    src = EngineSource(configs(port), DiscoveryConfig())
+    task = asyncio.create_task(src.run(samples.append))
+    await asyncio.sleep(seconds)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await runner.cleanup()
+    return samples
+
+
 def cfg(port: int, path: str = "/metrics", **kw) -> EngineConfig:
     return EngineConfig(name=f"e{path.replace('/', '-')}", url=f"http://127.0.0.1:{port}{path}",
                         **kw)
@@ -133,21 +146,10 @@ def test_a_slow_endpoint_delays_nobody():
     async def fast(request):
         return web.Response(text=VLLM)
 
-    async def go():
-        runner, port = await serve({"/slow": slow, "/fast": fast})
-        samples = []
-        src = EngineSource(
-            [cfg(port, "/slow", interval_seconds=0.5, timeout_seconds=0.4),
-             cfg(port, "/fast", interval_seconds=0.2, timeout_seconds=0.4)],
-            DiscoveryConfig())
-        task = asyncio.create_task(src.run(samples.append))
-        await asyncio.sleep(1.6)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runner.cleanup()
-        return samples
-
-    samples = asyncio.run(go())
+    samples = asyncio.run(run_source(
+        {"/slow": slow, "/fast": fast},
+        lambda port: [cfg(port, "/slow", interval_seconds=0.5, timeout_seconds=0.4),
+                      cfg(port, "/fast", interval_seconds=0.2, timeout_seconds=0.4)], 1.6))
     slow_s = [s for s in samples if s.name == "e-slow"]
     fast_s = [s for s in samples if s.name == "e-fast"]
     assert len(fast_s) >= 6 and all(s.error is None for s in fast_s)
@@ -256,18 +258,8 @@ def test_configured_local_engines_get_the_listening_process_pids():
     async def h(request):
         return web.Response(text=VLLM)
 
-    async def go():
-        runner, port = await serve({"/metrics": h})
-        samples = []
-        src = EngineSource([cfg(port, interval_seconds=0.2)], DiscoveryConfig())
-        task = asyncio.create_task(src.run(samples.append))
-        await asyncio.sleep(1.5)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runner.cleanup()
-        return samples
-
-    samples = asyncio.run(go())
+    samples = asyncio.run(run_source(
+        {"/metrics": h}, lambda port: [cfg(port, interval_seconds=0.2)], 1.5))
     assert samples and samples[-1].error is None
     assert os.getpid() in samples[-1].pids
 
@@ -422,22 +414,11 @@ def test_huge_garbage_and_stalling_endpoints_do_not_make_a_healthy_one_late():
     async def fast(request):
         return web.Response(text=VLLM)
 
-    async def go():
-        runner, port = await serve({"/big1": big, "/big2": big, "/garbage": garbage,
-                                    "/slowloris": slowloris, "/fast": fast})
-        hostile = [cfg(port, p, interval_seconds=0.3, timeout_seconds=1.0)
-                   for p in ("/big1", "/big2", "/garbage", "/slowloris")]
-        samples = []
-        src = EngineSource([*hostile, cfg(port, "/fast", interval_seconds=0.3,
-                                          timeout_seconds=1.0)], DiscoveryConfig())
-        task = asyncio.create_task(src.run(samples.append))
-        await asyncio.sleep(6)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runner.cleanup()
-        return samples
-
-    samples = asyncio.run(go())
+    paths = ("/big1", "/big2", "/garbage", "/slowloris", "/fast")
+    samples = asyncio.run(run_source(
+        dict(zip(paths, (big, big, garbage, slowloris, fast), strict=True)),
+        lambda port: [cfg(port, p, interval_seconds=0.3, timeout_seconds=1.0) for p in paths],
+        6))
     fast_s = [s for s in samples if s.name == "e-fast"]
     # never an error; its bodies may wait for a reader behind the 15 MB ones
     assert len(fast_s) >= 4 and [s.error for s in fast_s if s.error] == []

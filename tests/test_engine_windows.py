@@ -207,8 +207,21 @@ def test_processes_are_bounded_and_forgotten_ones_keep_their_count():
     ((-10.0, -5.0, INF), [10.0, 10.0, 10.0]),  # every observation at or below -10
     ((-10.0, 1.0, INF), [5.0, 10.0, 10.0]),
     ((0.5, 1.0, INF), [0.0, 0.0, 10.0]),
+    ((-10.0, -5.0, INF), [0.0, 0.0, 10.0]),  # all in +Inf above a negative last bound
 ])
 def test_quantiles_are_never_negative_and_capped_at_the_last_finite_bound(bounds, counts):
     for q in (0.01, 0.5, 0.95, 0.99):
         v = histogram_quantile(q, bounds, counts)
         assert v is not None and 0.0 <= v <= max(bounds[-2], 0.0)
+
+
+def test_folded_totals_keep_counting_known_names_at_their_cap():
+    from gpuwatch.signals import windows
+
+    bank = CounterBank(expire_after=1)
+    bank.retired = {f"queue_le:{i}": 1.0 for i in range(windows.MAX_RETIRED_NAMES - 1)}
+    bank.retired["q"] = 5.0
+    bank.update({"g": {"q": 10.0, "new": 1.0}})
+    bank.update({})  # g is forgotten: its total folds in
+    assert bank.retired["q"] == 15.0 and "new" not in bank.retired
+    assert len(bank.retired) == windows.MAX_RETIRED_NAMES

@@ -10,6 +10,7 @@ import http.client
 import json
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -152,23 +153,29 @@ def assert_sane(state: dict) -> None:
             assert v <= MAX_QUEUE_SECONDS, ev
 
 
-def baseline_p99(abusive, daemon) -> float:
-    """/metrics p99 of a daemon scraping only the healthy engine, on this machine now: a
-    shared or slow machine raises every latency, and the bounds below allow for it."""
-    d = daemon(config_toml=config(abusive, ()))
-    w = Watch(d)
-    w.run(20, state_every=60)
-    d.stop()
-    print(w.report("baseline"))
-    return w.p99()
+def watch_with_baseline(abusive, daemon, paths, seconds: float, state_every: float):
+    """Run a daemon scraping `paths` (and the healthy engine) next to one scraping only the
+    healthy engine, both watched at the same time: what a shared or slow machine does to
+    latency hits both, what the abusive endpoints do to the daemon shows in the first."""
+    d = daemon(config_toml=config(abusive, paths))
+    base = daemon(config_toml=config(abusive, ()))
+    w, b = Watch(d), Watch(base)
+    t = threading.Thread(target=b.run, args=(seconds,), kwargs={"state_every": 60})
+    t.start()
+    try:
+        w.run(seconds, state_every=state_every)
+    finally:
+        t.join()
+    print(b.report("baseline"))
+    return w, b
 
 
 def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, daemon):
-    limit = max(0.05, 4 * baseline_p99(abusive, daemon))
-    d = daemon(config_toml=config(abusive, ABUSES))
-    w = Watch(d)
-    w.run(75)
+    w, base = watch_with_baseline(abusive, daemon, ABUSES, 75, state_every=2)
     print(w.report("campaign"))
+    # Moving ~35 MB/s of bodies costs the loop some: bounded at 4x the healthy daemon's p99
+    # (100 ms at least); read on the loop, the huge body alone gave a p99 of about 1 s.
+    limit = max(0.1, 4 * base.p99())
     healthy = [s["signals"]["engines"].get("healthy") for s in w.states[5:]]
     assert healthy and all(h and h["up"] for h in healthy), "the healthy engine went down"
     final = w.states[-1]
@@ -196,11 +203,9 @@ def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, 
 
 def test_label_churn_keeps_memory_and_metrics_latency_bounded(abusive, daemon):
     """10k new label sets per scrape for three minutes."""
-    limit = max(0.010, 2 * baseline_p99(abusive, daemon))
-    d = daemon(config_toml=config(abusive, ("churn",)))
-    w = Watch(d)
-    w.run(180, state_every=30)
+    w, base = watch_with_baseline(abusive, daemon, ("churn",), 180, state_every=30)
     print(w.report("churn"))
+    limit = max(0.010, 2 * base.p99())
     growth = w.growth(warm=20)
     churn = w.states[-1]["signals"]["engines"]["churn"]
     assert churn["up"] and churn["series_groups"] <= 512

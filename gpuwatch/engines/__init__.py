@@ -2,6 +2,8 @@
 
 - `gpuwatch.sources.engines.EngineSource` scrapes every endpoint (configured, `--engine URL`,
   or discovered by `discovery`) into EngineSamples: raw text or the error, both recorded.
+- `body.prepare()` turns a body into the text to record and its reading, in the source's
+  reader processes (bounded decompression, `max_series`, `max_series_groups`).
 - `normalize.read()` recognizes the engine (`detect`), keeps the lines it needs (`parse`) and
   maps vLLM (V1 >= 0.9, V1 <= 0.8, V0), SGLang, TGI, llama.cpp or Triton onto one `Reading`.
 

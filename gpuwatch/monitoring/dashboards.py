@@ -412,10 +412,28 @@ def gpu_detail(p: RuleParams | None = None) -> g.Dashboard:
             thresholds=steps(("green", None), ("red", 1)), maxDataPoints=None,
             extraJson={"fieldConfig": {"defaults": {"unit": "none"}}},
         ),
+        stat(grid, "Recovery action", "The driver's recommended recovery action (0 none; "
+             "see the runbook for the others).",
+             [(f"gpuwatch_gpu_recovery_action{{{GPU}}}", gl)], "none", w=8,
+             thresholds=steps(("green", None), ("red", 1)), color_mode="background"),
+        stat(grid, "NVLink errors /s", "CRC, replay and recovery errors over all links.",
+             [(f"sum by (instance, gpu) "
+               f"(rate(gpuwatch_gpu_nvlink_errors_total{{{GPU}}}[5m]))", gl)], "none", w=8,
+             thresholds=steps(("green", None), ("orange", 0.1))),
+        stat(grid, "Fabric healthy", "1 once NVLink fabric registration completed cleanly "
+             "(absent outside NVSwitch systems).",
+             [(f"gpuwatch_gpu_fabric_healthy{{{GPU}}}", gl)], "none", w=8,
+             thresholds=steps(("red", None), ("green", 1)), color_mode="background"),
         grid.row("Utilization, power, temperature"),
         timeseries(grid, "Utilization", "GPU busy time.",
                    [(f"gpuwatch_gpu_utilization_ratio{{{GPU}}}", gl)], "percentunit", w=8,
                    value_min=0, value_max=1),
+        timeseries(grid, "GPM activity", "Hopper and newer: SMs busy, tensor cores busy and "
+                   "DRAM bandwidth, over the slow-tier interval.",
+                   [(f"gpuwatch_gpu_sm_active_ratio{{{GPU}}}", f"{gl} SM active"),
+                    (f"gpuwatch_gpu_tensor_active_ratio{{{GPU}}}", f"{gl} tensor active"),
+                    (f"gpuwatch_gpu_dram_bandwidth_utilization_ratio{{{GPU}}}",
+                     f"{gl} DRAM bandwidth")], "percentunit", w=8, value_min=0, value_max=1),
         timeseries(grid, "Power", "Board power draw.",
                    [(f"gpuwatch_gpu_power_watts{{{GPU}}}", gl)], "watt", w=8),
         timeseries(grid, "Temperature", "GPU temperature.",
@@ -595,11 +613,59 @@ def remediation(p: RuleParams | None = None) -> g.Dashboard:
                      job_vars(), panels)
 
 
+def workloads(p: RuleParams | None = None) -> g.Dashboard:
+    """Per Kubernetes pod (and Slurm job): whose workload holds and leaks GPU memory."""
+    p = p or RuleParams()
+    grid = Grid()
+    # only process series carry the owner labels, so only they are filtered by them
+    w = HOST + ',namespace=~"$namespace",pod=~"$pod"'
+    used = f"gpuwatch_process_gpu_memory_used_bytes{{{w}}}"
+    leak = f"gpuwatch_process_memory_leak_rate_bytes_per_second{{{w}}}"
+    pod = "{{namespace}}/{{pod}}"
+    panels = [
+        grid.row("Pods"),
+        timeseries(grid, "GPU memory per pod",
+                   "NVML used memory of every GPU process of a pod, summed over its "
+                   "containers, GPUs and hosts. Processes gpuwatch could not attribute have "
+                   "an empty namespace and pod.",
+                   [(f"sum by (namespace, pod) ({used})", pod)], "bytes", w=24,
+                   stack=True),
+        timeseries(grid, "Leak rate per pod",
+                   "The fastest leak estimate among a pod's processes.",
+                   [(f"max by (namespace, pod) ({leak})", pod)], "Bps",
+                   thresholds=steps(("green", None),
+                                    ("yellow", p.leak_warning_bytes_per_second)),
+                   threshold_lines=True),
+        timeseries(grid, "GPUs per pod", "GPUs on which a pod has at least one process.",
+                   [(f"count by (namespace, pod) (count by (namespace, pod, instance, uuid) "
+                     f"({used}))", pod)], "short"),
+        table(grid, "Pod processes",
+              "Every GPU process with its pod, container and Slurm job: memory and leak rate.",
+              [(used, ""), (leak, "")], "bytes", w=24, merge=True, sort="GPU memory",
+              overrides=[by_name("Value #A", displayName="GPU memory", unit="bytes"),
+                         by_name("Value #B", displayName="Leak rate", unit="Bps")]),
+        grid.row("Slurm jobs"),
+        timeseries(grid, "GPU memory per Slurm job",
+                   "NVML used memory of the processes of each Slurm job, summed (an empty "
+                   "job id: processes outside Slurm).",
+                   [(f"sum by (slurm_job_id) (gpuwatch_process_gpu_memory_used_bytes"
+                     f"{{{HOST}}})", "job {{slurm_job_id}}")], "bytes", w=24),
+    ]
+    proc = 'gpuwatch_process_info{job=~"$job",instance=~"$instance"'
+    variables = [*job_vars(),
+                 query_var("namespace", "Namespace", f"label_values({proc}}}, namespace)"),
+                 query_var("pod", "Pod",
+                           f'label_values({proc},namespace=~"$namespace"}}, pod)')]
+    return dashboard("gpuwatch / Workloads", "gpuwatch-workloads",
+                     "GPU memory and leaks per Kubernetes pod and Slurm job.", variables, panels)
+
+
 DASHBOARDS: dict[str, Callable[[RuleParams | None], g.Dashboard]] = {
     "gpuwatch-fleet.json": fleet_overview,
     "gpuwatch-gpu.json": gpu_detail,
     "gpuwatch-engines.json": inference_engines,
     "gpuwatch-remediation.json": remediation,
+    "gpuwatch-workloads.json": workloads,
 }
 
 

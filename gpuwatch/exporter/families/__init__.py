@@ -11,11 +11,13 @@ import importlib
 MODULES = (
     "gpuwatch.exporter.families.self_metrics",
     "gpuwatch.exporter.families.gpu",
+    "gpuwatch.exporter.families.gpu_depth",
     "gpuwatch.exporter.families.process",
     "gpuwatch.exporter.families.engines",
     "gpuwatch.exporter.families.memory_signals",
     "gpuwatch.exporter.families.remediation",
     "gpuwatch.exporter.families.allocator",
+    "gpuwatch.exporter.families.attribution",
 )
 
 
