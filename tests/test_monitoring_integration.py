@@ -35,10 +35,10 @@ RATE_INTERVAL = "20s"
 RANGE = "1m"
 
 
-def _rule_files(tmp_path, pending: str | None = None) -> list:
+def _rule_files(tmp_path, pending: str | None = None, p: rules.RuleParams | None = None) -> list:
     """The generated rule files; `pending` shortens every alert's `for` (expressions,
     labels and annotations stay the generated ones) so a test need not wait 10 minutes."""
-    p = rules.RuleParams()
+    p = p or rules.RuleParams()
     paths = []
     for name, doc in ((rules.RULES_FILE, rules.rules_document(p)),
                       (rules.ALERTS_FILE, rules.alerts_document(p))):

@@ -55,5 +55,20 @@ class EngineState:
     queue_latency_mean_seconds: float | None = None
     queue_requests_in_window: float | None = None
     preemption_rate_per_second: float | None = None
+    # Serving SLIs (signals/slis.py), keyed by SLI: ttft | itl | e2e. Quantiles and means
+    # over the queue window; counts and sums cumulative like the counters above.
+    sli_quantiles_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    sli_mean_seconds: dict[str, float] = field(default_factory=dict)
+    sli_requests_total: dict[str, float] = field(default_factory=dict)
+    sli_seconds_total: dict[str, float] = field(default_factory=dict)
+    sli_requests_in_window: dict[str, float] = field(default_factory=dict)
+    sli_source: dict[str, str] = field(default_factory=dict)  # the engine family read
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    requests_finished_total: dict[str, float] = field(default_factory=dict)  # by reason
+    request_error_ratio: float | None = None  # windowed: errors / finished
+    requests_waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    # The engine's own families gpuwatch does not read (bounded): a new version's additions.
+    unread_families: list[str] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

@@ -515,6 +515,7 @@ def inference_engines(p: RuleParams | None = None) -> g.Dashboard:
                    [(f"sum by (instance, engine, model) "
                      f"(rate(gpuwatch_engine_prefix_cache_queries_total{{{e}}}"
                      f"[$__rate_interval]))", el)], "ops", w=12),
+        *serving_row(grid, p),
     ]
     engine_q = 'gpuwatch_engine_up{job=~"$job",instance=~"$instance"}'
     variables = [
@@ -526,7 +527,62 @@ def inference_engines(p: RuleParams | None = None) -> g.Dashboard:
     ]
     return dashboard("gpuwatch / Inference engines", "gpuwatch-engines",
                      "Queue depth and latency, KV-cache usage and hit ratio, preemptions, "
-                     "per engine and model.", variables, panels)
+                     "per engine and model; serving SLIs, one row per model.", variables,
+                     panels)
+
+
+def serving_row(grid: Grid, p: RuleParams) -> list:
+    """Serving SLIs, one row per model (the row repeats over the model variable)."""
+    e = ENGINE
+    el = "{{instance}} {{engine}}"
+    q = p.sli_quantile
+    row = grid.row("Serving: $model")
+    row.repeat = g.Repeat(direction="h", variable="model")
+
+    def latency(title: str, desc: str, metric: str, slo: float | None):
+        # one target: the quantiles, or the mean (quantile="mean") of engines without them
+        expr = (f'gpuwatch_engine_{metric}_seconds{{{e},quantile=~"0.5|{q}|0.99"}}\nor\n'
+                f'label_replace(gpuwatch_engine_{metric}_mean_seconds{{{e}}}, "quantile", '
+                f'"mean", "", "")')
+        return timeseries(grid, title, desc + " Quantiles over gpuwatch's window of the "
+                          "engine's histogram; the mean where the engine has no histogram.",
+                          [(expr, f"{el} {{{{quantile}}}}")], "s", w=8,
+                          thresholds=steps(("green", None), ("red", slo)) if slo else None,
+                          threshold_lines=slo is not None)
+
+    def rate(metric: str, by: str, extra: str = "") -> str:
+        return (f"sum by ({by}) (rate(gpuwatch_engine_{metric}_total{{{e}{extra}}}"
+                f"[$__rate_interval]))")
+
+    errors = rate("requests_finished", "model", ',reason="error"')
+    return [
+        row,
+        latency("Time to first token", "Arrival to first output token.",
+                "time_to_first_token", p.ttft_slo_seconds),
+        latency("Inter-token latency", "Time between output tokens (per-request TPOT where "
+                "the engine has only that).", "inter_token_latency", None),
+        latency("End-to-end request latency", "Arrival to the last token.",
+                "e2e_request_latency", p.e2e_slo_seconds),
+        timeseries(grid, "Token throughput", "Prompt and generated tokens per second, all "
+                   "engines of the model.",
+                   [(rate("prompt_tokens", "model"), "prompt"),
+                    (rate("generation_tokens", "model"), "generated")], "ops", w=8),
+        timeseries(grid, "Finished requests by reason", "Requests finished per second: stop, "
+                   "length, abort, error, ok (the engine does not say why), other.",
+                   [(rate("requests_finished", "reason"), "{{reason}}")], "reqps", w=8,
+                   stack=True, overrides=[by_name("error", color=fixed("red"))]),
+        timeseries(grid, "Error ratio", "Requests finished with an error over all finished "
+                   "requests (summed counters of the model's engines).",
+                   [(errors + "\n/\n" + rate("requests_finished", "model"), "{{model}}")],
+                   "percentunit",
+                   w=8, value_min=0, thresholds=steps(("green", None),
+                                                      ("red", p.error_ratio_max)),
+                   threshold_lines=True),
+        timeseries(grid, "Waiting requests by reason", "Why requests wait (vLLM: capacity, "
+                   "deferred).",
+                   [(f"sum by (reason) (gpuwatch_engine_requests_waiting_by_reason{{{e}}})",
+                     "{{reason}}")], "short", w=24, stack=True),
+    ]
 
 
 def remediation(p: RuleParams | None = None) -> g.Dashboard:

@@ -48,6 +48,13 @@ class RuleParams:
     queue_latency_quantile: str = "0.95"
     queue_latency_slo_seconds: float = 5.0
     preemptions_per_second: float = 0.1
+    # serving SLOs: the quantile of time to first token and of end-to-end latency judged,
+    # and the share of finished requests that may end in an error (above a minimum rate)
+    sli_quantile: str = "0.95"
+    ttft_slo_seconds: float = 2.0
+    e2e_slo_seconds: float = 60.0
+    error_ratio_max: float = 0.05
+    error_min_requests_per_second: float = 0.1
     # NVLink CRC/replay/recovery errors per second, summed over links
     nvlink_errors_per_second: float = 0.1
     # PrometheusRule custom resource, in the DaemonSet's namespace. `release` is what
@@ -64,6 +71,8 @@ class RuleParams:
             raise ValueError(f"job: {self.job!r} is not a plain Prometheus job name")
         if not re.fullmatch(r"[0-9.]+", self.queue_latency_quantile):
             raise ValueError(f"queue_latency_quantile: {self.queue_latency_quantile!r}")
+        if not re.fullmatch(r"[0-9.]+", self.sli_quantile):
+            raise ValueError(f"sli_quantile: {self.sli_quantile!r}")
 
 
 @dataclass(frozen=True)
@@ -164,6 +173,15 @@ def recording_rules(p: RuleParams) -> list[Recording]:
                   f"sum by (job, model) (gpuwatch_engine_requests_waiting{{{j}}})"),
         Recording("model:gpuwatch_engine_requests_running:sum",
                   f"sum by (job, model) (gpuwatch_engine_requests_running{{{j}}})"),
+        Recording("instance_engine:gpuwatch_engine_requests_finished:rate5m",
+                  f"sum by ({engine}) "
+                  f"(rate(gpuwatch_engine_requests_finished_total{{{j}}}[5m]))"),
+        Recording("instance_engine:gpuwatch_engine_requests_failed:rate5m",
+                  f"sum by ({engine}) "
+                  f'(rate(gpuwatch_engine_requests_finished_total{{{j},reason="error"}}[5m]))'),
+        Recording("instance_engine:gpuwatch_engine_request_error:ratio_rate5m",
+                  f"instance_engine:gpuwatch_engine_requests_failed:rate5m{{{j}}}\n/\n"
+                  f"instance_engine:gpuwatch_engine_requests_finished:rate5m{{{j}}}"),
         Recording("action_result:gpuwatch_remediation_actions:rate5m",
                   f"sum by (job, action, result) "
                   f"(rate(gpuwatch_remediation_actions_total{{{j}}}[5m]))"),
@@ -309,6 +327,7 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
               "An inference engine keeps preempting requests.",
               f"{eng} preempts {{{{ $value | printf \"%.2f\" }}}} requests per second: "
               "its KV cache is too small for the load.", "15m"),
+        *serving_alerts(p, j, eng),
     ]
     remediation = [
         Alert("GpuwatchRemediationFailed", _new_or_increased(failed, "15m"), "warning",
@@ -323,6 +342,34 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
         "gpuwatch-engines": engines,
         "gpuwatch-remediation": remediation,
     }
+
+
+def serving_alerts(p: RuleParams, j: str, eng: str) -> list[Alert]:
+    """Serving SLOs: time to first token, end-to-end latency, errors."""
+    q = p.sli_quantile
+    out = [
+        Alert(f"Gpuwatch{name}High",
+              f'gpuwatch_engine_{metric}_seconds{{{j},quantile="{q}"}} > {_num(slo)}',
+              "warning", f"{what} is above its objective.",
+              f"The {q} quantile of {what.lower()} of {eng} is "
+              f"{{{{ $value | humanizeDuration }}}}, above the {_num(slo)} s objective.", "10m")
+        for name, metric, what, slo in (
+            ("TimeToFirstToken", "time_to_first_token", "Time to first token",
+             p.ttft_slo_seconds),
+            ("EndToEndLatency", "e2e_request_latency", "End-to-end request latency",
+             p.e2e_slo_seconds),
+        )
+    ]
+    out.append(Alert(
+        "GpuwatchEngineErrorRatioHigh",
+        f"instance_engine:gpuwatch_engine_request_error:ratio_rate5m{{{j}}} > "
+        f"{_num(p.error_ratio_max)}\nand\n"
+        f"instance_engine:gpuwatch_engine_requests_finished:rate5m{{{j}}} > "
+        f"{_num(p.error_min_requests_per_second)}", "warning",
+        "An inference engine fails too many requests.",
+        f"{{{{ $value | humanizePercentage }}}} of the requests finished by {eng} over "
+        "5 minutes ended in an error, for 10 minutes.", "10m"))
+    return out
 
 
 def rules_document(p: RuleParams) -> dict:

@@ -20,6 +20,7 @@ from gpuwatch.engines.normalize import read
 from gpuwatch.engines.state import EngineState
 from gpuwatch.events import Event
 from gpuwatch.model import EngineSample, Tick
+from gpuwatch.signals import slis
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.windows import EngineCounters, Window, histogram_quantile
@@ -27,7 +28,7 @@ from gpuwatch.signals.windows import EngineCounters, Window, histogram_quantile
 SIGNALS = ("engine_down", "kv_cache_hit_ratio", "queue_latency")
 ALL_MISSING_KEYS = (
     c.REQUESTS_RUNNING, c.REQUESTS_WAITING, c.KV_USAGE, c.PREFIX_CACHE, c.KV_HIT_RATIO,
-    c.QUEUE_LATENCY, c.QUEUE_MEAN, c.PREEMPTION,
+    c.QUEUE_LATENCY, c.QUEUE_MEAN, c.PREEMPTION, *slis.n.MISSING_KEYS,
 )
 
 
@@ -57,6 +58,7 @@ class _Track:
     queue: Window
     last_sample_t: float = 0.0
     has_histogram: bool = False
+    sli: Window | None = None
 
 
 class EngineAnalyzer:
@@ -153,6 +155,7 @@ class EngineAnalyzer:
         ):
             setattr(st, name, None)
         st.queue_latency_seconds = {}
+        slis.clear(st)
         st.kv_cache_hit_ratio_source = ""
         st.missing = {k: "engine down" for k in ALL_MISSING_KEYS}
         st.replicas = 0
@@ -205,6 +208,9 @@ class EngineAnalyzer:
         st.queue_seconds_total = total(c.QUEUE_SUM)
         self._hit_ratio(st, tr, r)
         self._queue(st, tr, r)
+        if tr.sli is None:
+            tr.sli = Window(self.queue_cfg.window_seconds)
+        slis.update(st, tr.sli, r, totals, t, self.quantiles)
 
     def _hit_ratio(self, st: EngineState, tr: _Track, r: c.Reading) -> None:
         w = self.kv_cfg.window_seconds

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from itertools import islice
 
+from gpuwatch.engines import aliases
 from gpuwatch.engines.detect import describe_unrecognized, detect_kind
-from gpuwatch.engines.normalize import llamacpp, sglang, tgi, triton, vllm
+from gpuwatch.engines.normalize import llamacpp, sglang, slis, tgi, triton, vllm
 from gpuwatch.engines.normalize.common import Reading, note
 from gpuwatch.engines.parse import MAX_KEPT_LINES, help_text, parse, select_lines
 
@@ -24,23 +25,33 @@ MODULES = {
 __all__ = ["MODULES", "Reading", "compact", "read"]
 
 
+def _wanted(kind: str) -> frozenset[str]:
+    return MODULES[kind].WANTED | slis.wanted(kind)
+
+
 def compact(text: str, kind: str = "auto", max_series: int = MAX_KEPT_LINES) -> str:
     """Only what read() uses of an exposition: the wanted sample lines and their # HELP.
 
     The engine source keeps this (not the whole scrape) in the sample, so the live analysis,
-    the recording and its replay all read the same text, a tenth of the size. Text that is
+    the recording and its replay all read the same text, a third of the size or less. Text that is
     not recognized stays whole, for the reason read() gives.
     """
+    original = text
+    text, dialect = aliases.canonical(text)
     detected = detect_kind(text)
     kind = detected if kind == "auto" else kind
     module = MODULES.get(kind or "")
     if module is None:
         return text
-    lines, _ = select_lines(text, module.PREFIXES, module.WANTED, max_series)
+    wanted = _wanted(kind)
+    lines, _ = select_lines(text, module.PREFIXES, wanted, max_series)
     if not lines:
         return text  # read() explains why from the whole text
-    helps = [f"# HELP {n} {h}" for n in sorted(module.WANTED) if (h := help_text(text, n))]
-    return "\n".join([*helps, *lines]) + "\n"
+    helps = [f"# HELP {n} {h}" for n in sorted(wanted) if (h := help_text(text, n))]
+    # the families it declares, so that the unread list survives compaction
+    kept = aliases.mark(
+        "\n".join([*helps, *aliases.type_lines(text, kind), *lines]) + "\n", dialect)
+    return kept if len(kept) < len(original) else original  # nothing to drop (NIM)
 
 
 def read(
@@ -53,13 +64,14 @@ def read(
     but must find some of its metrics. At most max_series wanted lines are read, and the
     counters of at most max_groups series groups are kept (the first ones in the text).
     """
+    text, dialect = aliases.canonical(text)
     detected = detect_kind(text)
     if kind == "auto":
         if detected is None:
             return None, describe_unrecognized(text)
         kind = detected
     module = MODULES[kind]
-    expo = parse(text, module.PREFIXES, module.WANTED, max_series)
+    expo = parse(text, module.PREFIXES, _wanted(kind), max_series)
     if not any(name != "process_start_time_seconds" for name in expo.samples):
         why = f"no {kind} metrics in the response"
         if detected and detected != kind:
@@ -71,6 +83,12 @@ def read(
         return None, why
     reading = module.normalize(expo, text)
     reading.notes.extend(expo.notes)
+    slis.add(reading, expo, kind, module.GROUP, getattr(module, "RANKS", ()))
+    if dialect:
+        reading.generation = dialect  # nim | sglang_
+        reading.notes.append(aliases.DIALECT_NOTES[dialect])
+    reading.unread_families = aliases.unread(
+        aliases.declared(text, kind), slis.read_families(kind, module.WANTED))
     if max_groups is not None and len(reading.counters) > max_groups:
         extra = len(reading.counters) - max_groups
         reading.counters = dict(islice(reading.counters.items(), max_groups))

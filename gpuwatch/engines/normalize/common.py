@@ -63,6 +63,15 @@ class Reading:
     groups_left_out: int = 0  # series groups beyond the endpoint's cap, not read
     missing: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Serving SLIs (normalize/slis.py): bucket bounds and source family per latency SLI.
+    sli_bounds: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    sli_source: dict[str, str] = field(default_factory=dict)
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    counts_errors: bool = False
+    sli_missing: dict[str, str] = field(default_factory=dict)  # merged into missing
+    # The engine's own families that gpuwatch does not read, and those the alias table
+    # calls removed (aliases.py).
+    unread_families: list[str] = field(default_factory=list)
 
     def has_counter(self, name: str) -> bool:
         return any(name in c for c in self.counters.values())

@@ -124,8 +124,67 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
                 latency_mean, preemptions, preemption_rate, scrape):
         if fam.samples:
             yield fam
+    yield from sli_families(engines)
 
 
 def _add(fam, labels: list[str], value: float | None) -> None:
     if value is not None:
         fam.add_metric(labels, value)
+
+
+# Serving SLIs: gpuwatch name, what it measures.
+SLI_FAMILIES = {
+    "ttft": ("gpuwatch_engine_time_to_first_token",
+             "Time from a request's arrival to its first output token"),
+    "itl": ("gpuwatch_engine_inter_token_latency",
+            "Time between output tokens (per-request TPOT where the engine has only that)"),
+    "e2e": ("gpuwatch_engine_e2e_request_latency", "End-to-end request latency"),
+}
+
+
+def sli_families(engines: list[EngineState]) -> Iterator[Metric]:
+    fams: list[Metric] = []
+    for sli, (base, what) in SLI_FAMILIES.items():
+        name = base + "_seconds"
+        summary = Metric(name, f"{what}: quantiles over gpuwatch's window (from the engine's "
+                         "histogram bucket increases), cumulative count and sum.", "summary")
+        mean = GaugeMetricFamily(base + "_mean_seconds", f"{what}: mean over the window, "
+                                 "for engines that expose only a sum and a count.",
+                                 labels=LABELS)
+        for st in engines:
+            labels = dict(zip(LABELS, [st.name, st.kind, st.model], strict=True))
+            qs = st.sli_quantiles_seconds.get(sli, {})
+            for q, v in sorted(qs.items(), key=lambda kv: float(kv[0])):
+                summary.add_sample(name, {**labels, "quantile": q}, v)
+            if sli in st.sli_requests_total and sli in st.sli_seconds_total:
+                summary.add_sample(name + "_count", labels, st.sli_requests_total[sli])
+                summary.add_sample(name + "_sum", labels, st.sli_seconds_total[sli])
+            _add(mean, list(labels.values()), st.sli_mean_seconds.get(sli))
+        fams += [summary, mean]
+    prompt = CounterMetricFamily("gpuwatch_engine_prompt_tokens",
+                                 "Prompt (prefill) tokens, cached ones included.", labels=LABELS)
+    generation = CounterMetricFamily("gpuwatch_engine_generation_tokens",
+                                     "Generated (output) tokens.", labels=LABELS)
+    finished = CounterMetricFamily(
+        "gpuwatch_engine_requests_finished",
+        "Requests finished, by reason: stop, length, abort, error, ok (the engine does not "
+        "say why), other.", labels=[*LABELS, "reason"])
+    errors = GaugeMetricFamily(
+        "gpuwatch_engine_request_error_ratio",
+        "Requests finished with an error / all finished requests, over the window.",
+        labels=LABELS)
+    by_reason = GaugeMetricFamily(
+        "gpuwatch_engine_requests_waiting_by_reason",
+        "Requests waiting, by the engine's reason (vLLM: capacity, deferred).",
+        labels=[*LABELS, "reason"])
+    for st in engines:
+        lv = [st.name, st.kind, st.model]
+        _add(prompt, lv, st.prompt_tokens_total)
+        _add(generation, lv, st.generation_tokens_total)
+        for reason, v in sorted(st.requests_finished_total.items()):
+            finished.add_metric([*lv, reason], v)
+        _add(errors, lv, st.request_error_ratio)
+        for reason, v in sorted(st.requests_waiting_by_reason.items()):
+            by_reason.add_metric([*lv, reason], v)
+    fams += [prompt, generation, finished, errors, by_reason]
+    yield from (f for f in fams if f.samples)

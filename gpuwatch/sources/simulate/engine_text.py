@@ -138,4 +138,7 @@ def vllm_exposition(elapsed: float, model: str, engine_index: str = "0",
         f'"True",engine="{engine_index}",gpu_memory_utilization="{gpu_memory_utilization}",'
         f'num_cpu_blocks="0",num_gpu_blocks="{num_gpu_blocks}"}} 1.0',
     ]
+    from gpuwatch.sources.simulate.serving_text import serving_lines  # it imports this module
+
+    lines += serving_lines(e, model, engine_index, waiting)
     return "\n".join(lines) + "\n"

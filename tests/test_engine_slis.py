@@ -1,0 +1,268 @@
+"""Serving SLIs: TTFT / ITL / E2E quantiles from bucket increases, means from sums, tokens,
+finished requests by reason, error ratio, waiting by reason; absent where an engine lacks
+them, with the reason in /api/state."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from gpuwatch.exporter.families import engines as family
+from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.exporter.state_json import state_document
+from gpuwatch.model import EngineSample, Tick
+from gpuwatch.signals.conditions import Conditions
+from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.engine import EngineAnalyzer
+from gpuwatch.signals.windows import histogram_quantile
+
+FIXTURES = Path(__file__).parent / "fixtures" / "engines"
+GENERATED = ("vllm-0.11-deprecated", "nim-llm-1.x", "sglang-underscore")
+
+
+def text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def run(*texts: str, t0: float = 0.0, step: float = 30.0):
+    analyzer, derived, conditions = EngineAnalyzer(), Derived(), Conditions()
+    for i, body in enumerate(texts):
+        tick = Tick(t=t0 + step * i, engines=[EngineSample(name="e", exposition=body)])
+        analyzer.update(tick, derived, conditions)
+    return derived
+
+
+def exported(derived: Derived) -> dict[str, list]:
+    registry = CollectorRegistry()
+    registry.register(type("C", (), {
+        "collect": lambda self: family.collect(Snapshot(derived=derived))})())
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def buckets(body: str, name: str) -> tuple[tuple[float, ...], list[float]]:
+    """Cumulative buckets of one histogram, read independently of gpuwatch's parser."""
+    by_le: dict[float, float] = {}
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            if s.name == name + "_bucket":
+                le = float(s.labels["le"])
+                by_le[le] = by_le.get(le, 0.0) + s.value
+    bounds = tuple(sorted(by_le))
+    return bounds, [by_le[b] for b in bounds]
+
+
+@pytest.mark.parametrize(("sli", "engine_name", "metric"), [
+    ("ttft", "vllm:time_to_first_token_seconds", "gpuwatch_engine_time_to_first_token_seconds"),
+    ("itl", "vllm:inter_token_latency_seconds", "gpuwatch_engine_inter_token_latency_seconds"),
+    ("e2e", "vllm:e2e_request_latency_seconds", "gpuwatch_engine_e2e_request_latency_seconds"),
+])
+def test_vllm_quantiles_are_histogram_quantile_of_bucket_increases(sli, engine_name, metric):
+    first = text("vllm-0.33.0-statlogger.prom")
+    later = text("vllm-0.33.0-statlogger-later.prom")
+    bounds, c0 = buckets(first, engine_name)
+    _, c1 = buckets(later, engine_name)
+    deltas = [b - a for a, b in zip(c0, c1, strict=True)]
+    assert deltas[-1] > 0
+    derived = run(first, later)
+    st = derived.engines["e"]
+    got = exported(derived)[metric]
+    by_q = {lab["quantile"]: v for lab, v in got if "quantile" in lab}
+    assert set(by_q) == {"0.5", "0.95", "0.99"}
+    for q, v in by_q.items():
+        assert v == pytest.approx(histogram_quantile(float(q), bounds, deltas))
+    assert st.sli_requests_in_window[sli] == deltas[-1]
+    # count and sum are the engine's cumulative ones
+    count = next(v for _, v in exported(derived)[metric + "_count"])
+    assert count == c1[-1]
+    assert st.sli_source[sli] == engine_name
+
+
+@pytest.mark.parametrize("base", GENERATED)
+def test_every_dialect_gives_the_hand_computed_slis(base):
+    derived = run(text(f"{base}.prom"), text(f"{base}-later.prom"))
+    st = derived.engines["e"]
+    assert st.up, st.reason
+    # 10 requests at 0.05 s and 10 at 2 s in the window: p50 at the 0.06 bound, p95 in the
+    # (1, 2.5] bucket, 9 of its 10 requests in: 1 + 1.5 * 0.9
+    assert st.sli_quantiles_seconds["ttft"]["0.5"] == pytest.approx(0.06)
+    assert st.sli_quantiles_seconds["ttft"]["0.95"] == pytest.approx(2.35)
+    assert st.sli_quantiles_seconds["e2e"]["0.95"] == pytest.approx(4.75)
+    assert st.sli_quantiles_seconds["itl"]["0.5"] == pytest.approx(0.0175)
+    assert st.prompt_tokens_total == 3000 and st.generation_tokens_total == 1500
+    if base == "sglang-underscore":
+        assert st.request_error_ratio is None
+        assert "no finished requests" in st.missing["requests_finished"]
+    elif base == "nim-llm-1.x":  # successes and failures, no reasons
+        assert st.request_error_ratio == pytest.approx(1 / 20)
+        assert st.requests_finished_total == {"ok": 29, "error": 1}
+    else:
+        assert st.request_error_ratio == pytest.approx(1 / 20)
+        assert st.requests_finished_total == {"stop": 27, "length": 2, "abort": 0, "error": 1}
+
+
+def test_restart_keeps_counters_monotonic_and_quantiles_sane():
+    a, b = text("vllm-0.11-deprecated.prom"), text("vllm-0.11-deprecated-later.prom")
+    analyzer, derived, conditions = EngineAnalyzer(), Derived(), Conditions()
+    seen = []
+    for i, body in enumerate((a, b, a, b)):  # the engine restarts after the second scrape
+        analyzer.update(Tick(t=30.0 * i, engines=[EngineSample(name="e", exposition=body)]),
+                        derived, conditions)
+        st = derived.engines["e"]
+        seen.append((st.prompt_tokens_total, st.requests_finished_total.get("stop")))
+        for qs in st.sli_quantiles_seconds.values():
+            assert all(0 <= v < 100 for v in qs.values())
+        if st.request_error_ratio is not None:
+            assert 0 <= st.request_error_ratio <= 1
+    assert seen == [(1000, 9), (3000, 27), (4000, 36), (6000, 54)]
+    assert st.restarts_detected == 1
+
+
+def test_itl_falls_back_to_the_removed_tpot_name_then_to_per_request_tpot():
+    lines = text("vllm-0.11-deprecated.prom").splitlines()
+    later = text("vllm-0.11-deprecated-later.prom").splitlines()
+
+    def without(rows, needle):
+        return "\n".join(x for x in rows if needle not in x) + "\n"
+
+    old = run(without(lines, "inter_token"), without(later, "inter_token")).engines["e"]
+    assert old.sli_source["itl"] == "vllm:time_per_output_token_seconds"
+    assert old.sli_quantiles_seconds["itl"]["0.5"] == pytest.approx(0.0175)
+    no_itl = [without(x, "inter_token") for x in (lines, later)]
+    no_itl = [without(x.splitlines(), "vllm:time_per_output") for x in no_itl]
+    # vLLM has an ITL alias, so its per-request TPOT is not read in its place
+    st = run(*no_itl).engines["e"]
+    assert "itl" not in st.sli_quantiles_seconds
+    assert "inter_token_latency_seconds" in st.missing["itl"]
+
+
+def test_triton_gives_a_mean_e2e_latency_and_an_error_ratio_from_the_real_server():
+    idle = text("triton-2.51-pytriton-0.7.0-real-idle.prom")
+    load = text("triton-2.51-pytriton-0.7.0-real-load.prom")
+
+    def total(body, name):
+        return math.fsum(s.value for f in text_string_to_metric_families(body)
+                         for s in f.samples if s.name in (name, name + "_total"))
+
+    dur = total(load, "nv_inference_request_duration_us") - total(
+        idle, "nv_inference_request_duration_us")
+    n = total(load, "nv_inference_request_success") - total(idle, "nv_inference_request_success")
+    assert n > 0
+    derived = run(idle, load)
+    st = derived.engines["e"]
+    assert st.sli_mean_seconds["e2e"] == pytest.approx(dur / n * 1e-6)
+    assert "only the mean" in st.missing["e2e"]
+    got = exported(derived)
+    assert "gpuwatch_engine_e2e_request_latency_mean_seconds" in got
+    assert got["gpuwatch_engine_e2e_request_latency_seconds_count"][0][1] == 43
+    assert got["gpuwatch_engine_e2e_request_latency_seconds_sum"][0][1] == pytest.approx(1.297512)
+    assert "gpuwatch_engine_e2e_request_latency_seconds" not in got  # no quantiles
+    assert st.requests_finished_total.keys() == {"ok", "abort", "error"}
+    assert st.request_error_ratio == 0.0
+    assert "gpuwatch_engine_time_to_first_token_seconds" not in got
+    assert "no time to first token" in st.missing["ttft"]
+
+
+def test_an_engine_without_slis_exports_none_and_says_why_in_api_state():
+    derived = run(text("llamacpp.prom"), text("llamacpp-later.prom"))
+    got = exported(derived)
+    for name in ("gpuwatch_engine_time_to_first_token_seconds",
+                 "gpuwatch_engine_e2e_request_latency_mean_seconds",
+                 "gpuwatch_engine_requests_finished_total",
+                 "gpuwatch_engine_request_error_ratio"):
+        assert name not in got
+    # llama.cpp counts processed and cached prompt tokens apart: both are prompt tokens
+    assert got["gpuwatch_engine_prompt_tokens_total"][0][1] == 1234570 + 654321
+    assert got["gpuwatch_engine_generation_tokens_total"][0][1] == 25000
+    eng = state_document(Snapshot(derived=derived))["signals"]["engines"]["e"]
+    assert "llamacpp exposes no time to first token" in eng["missing"]["ttft"]
+    assert isinstance(eng["unread_families"], list)
+
+
+def test_waiting_by_reason_and_engine_down_clears_the_slis():
+    derived = run(text("vllm-0.33.0-statlogger.prom"), text("vllm-0.33.0-statlogger-later.prom"))
+    st = derived.engines["e"]
+    assert st.requests_waiting_by_reason == {"capacity": 1.0, "deferred": 1.0}
+    by = {lab["reason"]: v
+          for lab, v in exported(derived)["gpuwatch_engine_requests_waiting_by_reason"]}
+    assert by == {"capacity": 1.0, "deferred": 1.0}
+    analyzer = EngineAnalyzer()
+    conditions = Conditions()
+    derived = Derived()
+    for i, sample in enumerate((
+        EngineSample(name="e", exposition=text("vllm-0.33.0-statlogger.prom")),
+        EngineSample(name="e", exposition=text("vllm-0.33.0-statlogger-later.prom")),
+        EngineSample(name="e", error="connection refused"),
+    )):
+        analyzer.update(Tick(t=30.0 * i, engines=[sample]), derived, conditions)
+    st = derived.engines["e"]
+    assert not st.up and st.sli_quantiles_seconds == {} and st.prompt_tokens_total is None
+    assert st.missing["ttft"] == "engine down"
+    assert not {k for k in exported(derived) if "token" in k or "finished" in k}
+
+
+def test_hostile_reasons_are_bounded():
+    rows = [f'vllm:num_requests_waiting_by_reason{{engine="0",reason="r{i}{"x" * 500}"}} 1'
+            for i in range(5000)]
+    body = text("vllm-0.33.0-statlogger.prom") + "\n".join(rows) + "\n"
+    st = run(body).engines["e"]
+    assert len(st.requests_waiting_by_reason) <= 16
+    assert all(len(k) <= 64 for k in st.requests_waiting_by_reason)
+    rows = [f'vllm:request_success_total{{engine="0",finished_reason="weird{i}"}} 1'
+            for i in range(500)]
+    st = run(text("vllm-0.33.0-statlogger.prom") + "\n".join(rows) + "\n").engines["e"]
+    assert set(st.requests_finished_total) <= {"stop", "length", "abort", "error", "other"}
+    assert st.requests_finished_total["other"] == 500
+
+
+REAL_VLLM = sorted(FIXTURES.glob("vllm-*-real-idle.prom"))
+
+
+@pytest.mark.parametrize("idle", REAL_VLLM, ids=lambda p: p.name)
+def test_a_real_vllm_server_under_load_moves_the_slis(idle):
+    load = idle.with_name(idle.name.replace("-idle", "-load"))
+    after = idle.with_name(idle.name.replace("-idle", "-after"))
+    derived = run(idle.read_text(), load.read_text(), after.read_text())
+    st = derived.engines["e"]
+    assert st.up and st.kind == "vllm", st.reason
+    for sli, name in (("ttft", "vllm:time_to_first_token_seconds"),
+                      ("e2e", "vllm:e2e_request_latency_seconds")):
+        assert st.sli_source[sli] == name
+        bounds, c0 = buckets(idle.read_text(), name)
+        _, c1 = buckets(after.read_text(), name)
+        deltas = [b - a for a, b in zip(c0, c1, strict=True)]
+        assert deltas[-1] > 0, "the load finished no request"
+        assert st.sli_quantiles_seconds[sli]["0.95"] == pytest.approx(
+            histogram_quantile(0.95, bounds, deltas))
+    assert "itl" in st.sli_quantiles_seconds
+    assert st.prompt_tokens_total > 0 and st.generation_tokens_total > 0
+    assert sum(st.requests_finished_total.values()) > 0
+    assert st.request_error_ratio == 0.0
+    assert st.requests_waiting_by_reason.keys() >= {"capacity"}
+    assert "vllm:engine_sleep_state" in st.unread_families
+
+
+def test_the_real_llamacpp_server_counts_tokens_and_has_no_latency_slis():
+    names = [f"llamacpp-0.3.36-real-{p}.prom" for p in ("idle", "load", "after")]
+    derived = run(*(text(n) for n in names))
+    st = derived.engines["e"]
+
+    def total(body, name):
+        return math.fsum(s.value for f in text_string_to_metric_families(body)
+                         for s in f.samples if s.name == name)
+
+    last = text(names[-1])
+    assert st.generation_tokens_total == total(last, "llamacpp:tokens_predicted_total") > 0
+    assert st.prompt_tokens_total == total(last, "llamacpp:prompt_tokens_total") + total(
+        last, "llamacpp:prompt_tokens_cached_total") > 0
+    assert st.sli_quantiles_seconds == {} and st.sli_mean_seconds == {}
+    assert "no time to first token" in st.missing["ttft"]
+    assert "llamacpp:n_decode" in st.unread_families
