@@ -122,7 +122,8 @@ def test_simulated_leak_fires_the_generated_leak_alert(daemon, prometheus, tmp_p
     desc = alert["annotations"]["description"]
     assert "leaky-worker" in desc and "(critical slope 50 MiB/s" in desc
     rate = float(desc.split("keeps grows ")[1].split("MiB/s")[0])
-    assert 55 < rate < 75, desc
+    # (the estimate when the alert first fires, over a short window, on a jittery host)
+    assert 52 < rate < 80, desc
     assert alert["annotations"]["runbook_url"].endswith("#gpuwatchprocessmemoryleak")
     # the GPU's own verdict is about memory no process accounts for: nothing here
     assert not [a for a in prom.alerts() if a["labels"]["alertname"] == "GpuwatchGpuMemoryLeak"]
