@@ -18,7 +18,6 @@ import socket
 import time
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from gpuwatch import config as config_mod
@@ -33,10 +32,12 @@ from gpuwatch.recording import Recorder
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.sources.probes import prepare_probe_dir, read_probes
 from gpuwatch.sources.sampler import GpuSampler, make_backend
+from gpuwatch.thresholds import ThresholdsError
 
 log = logging.getLogger("gpuwatch")
 
 RECENT_EVENTS = 200
+RELOAD_TIMEOUT_SECONDS = 5.0
 
 
 class Daemon:
@@ -61,6 +62,8 @@ class Daemon:
         self._events_log = None
         self._stop = asyncio.Event()
         self._engine_task: asyncio.Task | None = None
+        self._reload_task: asyncio.Task | None = None
+        self._reload_again = False
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
         self.remediator = None
@@ -199,38 +202,60 @@ class Daemon:
         self._engine_task = asyncio.create_task(source.run(self._engine_sink))
 
     # -- configuration ----------------------------------------------------------------
-    def reload(self) -> bool:
+    def request_reload(self) -> None:
+        """SIGHUP: one reload at a time; a storm of signals collapses into one more."""
+        if self._reload_task is not None and not self._reload_task.done():
+            self._reload_again = True
+            return
+        self._reload_task = asyncio.create_task(self._reload_loop())
+
+    async def _reload_loop(self) -> None:
+        self._reload_again = True
+        while self._reload_again:
+            self._reload_again = False
+            await self.reload()
+
+    async def reload(self) -> bool:
+        """Validate the whole new configuration, then apply all of it or none of it."""
+        loop = asyncio.get_running_loop()
         try:
-            new = config_mod.load(self.config_path, overrides=self.overrides)
-        except ConfigError as exc:
-            log.error("configuration reload rejected, keeping the current one: %s", exc)
+            # The file is read on a thread, with a deadline: a slow or stuck filesystem must
+            # not stall sampling and serving (a FIFO is refused by the reader itself).
+            new = await asyncio.wait_for(loop.run_in_executor(
+                None, lambda: config_mod.load(self.config_path, overrides=self.overrides)),
+                RELOAD_TIMEOUT_SECONDS)
+            self._apply(new)
+        except TimeoutError:
+            log.error("configuration reload rejected, nothing applied: reading %s took "
+                      "more than %ss", self.config_path, RELOAD_TIMEOUT_SECONDS)
             return False
-        old, self.config = self.config, new
+        except (ConfigError, ThresholdsError, ValueError, OSError) as exc:
+            log.error("configuration reload rejected, nothing applied: %s", exc)
+            return False
+        log.info("configuration reloaded: all of %s applied",
+                 self.config_path or "the environment")
+        return True
+
+    def _apply(self, new: Config) -> None:
+        """Build everything the new configuration needs before changing anything; the
+        remediator's reconfigure is itself all-or-nothing and the last step that can fail."""
+        old = self.config
+        pipeline = self.pipeline
+        if (new.signals, new.thresholds) != (old.signals, old.thresholds):
+            pipeline = Pipeline.from_config(new)
+        engines_changed = (new.engines, new.discovery) != (old.engines, old.discovery)
+        if self.remediator is not None and (new.remediation, new.webhook) != (
+                old.remediation, old.webhook):
+            self.remediator.reconfigure(new.remediation, new.webhook)
         if new.listen != old.listen:
             log.warning("listen address changes need a restart; still serving on %s",
                         old.listen)
-        if (new.signals, new.thresholds) != (old.signals, old.thresholds):
-            try:
-                self.pipeline = Pipeline.from_config(new)
-            except Exception as exc:
-                log.error("new thresholds/signals rejected, keeping the current ones: %s", exc)
-                self.config = msgspec.structs.replace(
-                    new, signals=old.signals, thresholds=old.thresholds)
-            else:
-                log.info("signals rebuilt from the new configuration (windows restart)")
-        if (new.engines, new.discovery) != (old.engines, old.discovery):
+        if pipeline is not self.pipeline:
+            self.pipeline = pipeline
+            log.info("signals rebuilt from the new configuration (windows restart)")
+        self.config = new
+        if engines_changed:
             self._start_engines()
-        if self.remediator is not None and (new.remediation, new.webhook) != (
-                old.remediation, old.webhook):
-            try:
-                self.remediator.reconfigure(new.remediation, new.webhook)
-            except (ValueError, OSError) as exc:
-                log.error("new remediation settings rejected, keeping the current ones: %s",
-                          exc)
-                self.config = msgspec.structs.replace(
-                    self.config, remediation=old.remediation, webhook=old.webhook)
-        log.info("configuration reloaded")
-        return True
 
     # -- running ----------------------------------------------------------------------
     def _open_outputs(self) -> None:
@@ -272,7 +297,7 @@ class Daemon:
                  self.backend.name)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         tasks = []
         try:
             self._open_outputs()
@@ -285,7 +310,7 @@ class Daemon:
             await self._stop.wait()
             log.info("stopping")
         finally:
-            for t in [*tasks, self._engine_task]:
+            for t in [*tasks, self._engine_task, self._reload_task]:
                 if t is not None:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
