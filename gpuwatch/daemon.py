@@ -23,6 +23,7 @@ from aiohttp import web
 from gpuwatch import config as config_mod
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
+from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
@@ -120,6 +121,8 @@ class Daemon:
                 self._recorder = None
         t0 = time.perf_counter()
         events = self.pipeline.update(tick)
+        if self._events_log is not None:
+            self._events_log.retry()
         sig = self.sources.setdefault("signals", SourceStatus())
         sig.up, sig.last_success = True, tick.t
         sig.last_duration_seconds = time.perf_counter() - t0
@@ -133,14 +136,8 @@ class Daemon:
         return events
 
     def _log_event(self, ev: Event | ActionEvent) -> None:
-        if self._events_log is None:
-            return
-        try:
-            self._events_log.write(to_json(ev) + "\n")
-            self._events_log.flush()
-        except OSError as exc:
-            log.error("events log stopped: %s", exc)
-            self._events_log = None
+        if self._events_log is not None:
+            self._events_log.write(to_json(ev))
 
     def _publish(self, tick: Tick | None, ready: bool) -> None:
         self._version += 1
@@ -264,8 +261,7 @@ class Daemon:
             self._recorder = Recorder(cfg.record, self.host, cfg.nvml.fast_interval_seconds)
             log.info("recording to %s", cfg.record)
         if cfg.events_log:
-            fd = os.open(cfg.events_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            self._events_log = os.fdopen(fd, "a")
+            self._events_log = EventsLog(cfg.events_log)
 
     def _close_outputs(self) -> None:
         if self._recorder is not None:
