@@ -25,6 +25,9 @@ class EventsLog:
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._pending: collections.deque[bytes] = collections.deque(maxlen=max_pending)
+        # The rest of a line the disk cut short: never dropped, or the file would hold a
+        # torn line.
+        self._partial = b""
         self._retry_seconds = retry_seconds
         self._clock = clock
         self._failed_at: float | None = None  # start of the current gap
@@ -34,7 +37,7 @@ class EventsLog:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + bool(self._partial)
 
     def write(self, line: str) -> None:
         if len(self._pending) == self._pending.maxlen:
@@ -45,7 +48,7 @@ class EventsLog:
 
     def retry(self) -> None:
         """Called every tick: resumes writing once there is room again."""
-        if self._pending and self._due():
+        if self.pending and self._due():
             self._drain()
 
     def _due(self) -> bool:
@@ -53,19 +56,19 @@ class EventsLog:
 
     def _drain(self) -> None:
         self._last_try = self._clock()
-        queued = len(self._pending)
-        while self._pending:
-            data = self._pending[0]
+        queued = self.pending
+        while self._partial or self._pending:
+            data = self._partial or self._pending.popleft()
             try:
                 n = os.write(self._fd, data)
             except OSError as exc:
+                n = 0
                 self._fail(exc)
+            self._partial = data[n:]
+            if self._partial:
+                if n:  # the disk filled mid-line: the rest goes first next time
+                    self._fail(OSError("short write"))
                 return
-            if n < len(data):  # the disk filled mid-line: the rest goes first next time
-                self._pending[0] = data[n:]
-                self._fail(OSError("short write"))
-                return
-            self._pending.popleft()
         if self._failed_at is not None:
             log.warning("events log %s resumed after a gap of %.1f s: %d events held and "
                         "written now, %d dropped (queue full)", self.path,
@@ -81,7 +84,7 @@ class EventsLog:
 
     def close(self) -> None:
         self._drain()
-        if self._pending:
+        if self.pending:
             log.error("events log %s: %d events could not be written at exit", self.path,
-                      len(self._pending))
+                      self.pending)
         os.close(self._fd)
