@@ -155,11 +155,13 @@ class Daemon:
             extras=dict(self._extras),
             config=self.config,
         )
-        # Render now, off the scrape path: a scrape between ticks only copies bytes.
-        try:
-            self.renderer.render(self.snapshot)
-        except Exception:
-            log.exception("rendering /metrics failed")
+        # Render now, off the scrape path, when a scrape is due: a scrape between ticks only
+        # copies bytes, and states nobody scrapes are not rendered.
+        if self.renderer.due(self.config.nvml.fast_interval_seconds):
+            try:
+                self.renderer.render(self.snapshot)
+            except Exception:
+                log.exception("rendering /metrics failed")
 
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -27,12 +27,12 @@ _json = msgspec.json.Encoder()
 
 def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = None,
              extra_routes: Iterable[web.RouteDef] = ()) -> web.Application:
-    """renderer: shared with the daemon, which renders each new state as it publishes it,
-    so a scrape only copies bytes."""
+    """renderer: shared with the daemon, which renders new states ahead of the expected
+    scrape, so a scrape only copies bytes."""
     renderer = renderer or Renderer()
 
     async def metrics(request: web.Request) -> web.Response:
-        body = renderer.render(get_snapshot())
+        body = renderer.serve(get_snapshot())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(request: web.Request) -> web.Response:

@@ -204,12 +204,27 @@ class FastWindow:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self.samples: deque[tuple[float, float]] = deque()
+        # The window's extremes, kept as it slides (monotonic queues): most series cannot
+        # rise at the critical pace at all, and are ruled out without a pass over the window.
+        self._lows: deque[tuple[float, float]] = deque()
+        self._highs: deque[tuple[float, float]] = deque()
 
     def add(self, t: float, v: float) -> None:
         s = self.samples
         s.append((t, v))
         while t - s[0][0] > self.window_s:
             s.popleft()
+        for q, worse in ((self._lows, v.__le__), (self._highs, v.__ge__)):
+            while q and worse(q[-1][1]):
+                q.pop()
+            q.append((t, v))
+            while t - q[0][0] > self.window_s:
+                q.popleft()
+
+    def _could_reach(self, threshold: float, rise_s: float) -> bool:
+        """Whether any envelope can rise by threshold over rise_s: no part's extreme is
+        above the window's highest or below its lowest sample."""
+        return self._highs[0][1] - self._lows[0][1] >= threshold * rise_s
 
     def slope(self, threshold: float, parts: int = 4, step_ratio: float = 0.5) -> float | None:
         """Rise rate of the parts' minima (or maxima) from the first part to the last,
@@ -222,6 +237,8 @@ class FastWindow:
         if span < 0.66 * self.window_s:
             return None
         part = span / parts
+        if not self._could_reach(threshold, (parts - 1) * part):
+            return None
         lo = [math.inf] * parts
         hi = [-math.inf] * parts
         for t, v in s:
