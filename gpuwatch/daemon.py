@@ -15,12 +15,14 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from typing import Any
 
 from aiohttp import web
 
 from gpuwatch import config as config_mod
+from gpuwatch import redact, webconfig
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.eventslog import EventsLog
@@ -43,8 +45,12 @@ RELOAD_TIMEOUT_SECONDS = 5.0
 
 class Daemon:
     def __init__(self, cfg: Config, config_path: str | None = None,
-                 overrides: dict[str, Any] | None = None) -> None:
+                 overrides: dict[str, Any] | None = None,
+                 web: webconfig.WebConfig | None = None) -> None:
+        redact.remember(cfg)
         self.config = cfg
+        self.web = web
+        self.guard: webconfig.Guard | None = None
         self.config_path = config_path
         self.overrides = overrides or {}
         self.host = socket.gethostname()
@@ -137,7 +143,7 @@ class Daemon:
 
     def _log_event(self, ev: Event | ActionEvent) -> None:
         if self._events_log is not None:
-            self._events_log.write(to_json(ev))
+            self._events_log.write(redact.scrub_text(to_json(ev)))
 
     def _publish(self, tick: Tick | None, ready: bool) -> None:
         self._version += 1
@@ -220,13 +226,16 @@ class Daemon:
         try:
             # The file is read on a thread, with a deadline: a slow or stuck filesystem must
             # not stall sampling and serving (a FIFO is refused by the reader itself).
-            new = await asyncio.wait_for(loop.run_in_executor(
-                None, lambda: config_mod.load(self.config_path, overrides=self.overrides)),
-                RELOAD_TIMEOUT_SECONDS)
-            self._apply(new)
+            new, wc = await asyncio.wait_for(loop.run_in_executor(None, self._read),
+                                             RELOAD_TIMEOUT_SECONDS)
+            self._apply(new, wc)
         except TimeoutError:
             log.error("configuration reload rejected, nothing applied: reading %s took "
                       "more than %ss", self.config_path, RELOAD_TIMEOUT_SECONDS)
+            return False
+        except webconfig.WebConfigError as exc:
+            log.error("web config reload rejected, nothing of the configuration applied "
+                      "either: %s", exc)
             return False
         except (ConfigError, ThresholdsError, ValueError, OSError) as exc:
             log.error("configuration reload rejected, nothing applied: %s", exc)
@@ -235,9 +244,19 @@ class Daemon:
                  self.config_path or "the environment")
         return True
 
-    def _apply(self, new: Config) -> None:
-        """Build everything the new configuration needs before changing anything; the
-        remediator's reconfigure is itself all-or-nothing and the last step that can fail."""
+    def _read(self) -> tuple[Config, webconfig.WebConfig | None]:
+        """The new configuration, and the web config file's new contents when it is kept
+        (a changed path needs a restart). Runs on a thread: both are file reads."""
+        new = config_mod.load(self.config_path, overrides=self.overrides)
+        wc = None
+        if self.guard is not None and new.web_config and new.web_config == self.config.web_config:
+            wc = webconfig.load(new.web_config)
+        return new, wc
+
+    def _apply(self, new: Config, wc: webconfig.WebConfig | None) -> None:
+        """Build and check everything the new configuration needs before changing anything;
+        the remediator's reconfigure is itself all-or-nothing and the last step that can
+        fail."""
         old = self.config
         pipeline = self.pipeline
         if (new.signals, new.thresholds) != (old.signals, old.thresholds):
@@ -246,15 +265,29 @@ class Daemon:
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             self.remediator.reconfigure(new.remediation, new.webhook)
-        if new.listen != old.listen:
-            log.warning("listen address changes need a restart; still serving on %s",
-                        old.listen)
+        redact.remember(new)
+        if (new.listen, new.web_config) != (old.listen, old.web_config):
+            log.warning("listen address and web_config changes need a restart; still serving "
+                        "on %s", old.listen)
         if pipeline is not self.pipeline:
             self.pipeline = pipeline
             log.info("signals rebuilt from the new configuration (windows restart)")
         self.config = new
         if engines_changed:
             self._start_engines()
+        if wc is not None:
+            self._reload_web(wc)
+
+    def _reload_web(self, wc: webconfig.WebConfig) -> None:
+        try:
+            restart = self.guard.update(wc)
+        except (ssl.SSLError, OSError) as exc:  # a certificate replaced since it was read
+            log.error("web config reload rejected, keeping the current one: %s", exc)
+            return
+        if restart:
+            log.warning("web config: %s changes need a restart", ", ".join(restart))
+        else:
+            log.info("web config reloaded")
 
     # -- running ----------------------------------------------------------------------
     def _open_outputs(self) -> None:
@@ -275,15 +308,29 @@ class Daemon:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
         try:
+            if self.web is None and self.config.web_config:
+                self.web = webconfig.load(self.config.web_config)
+            if self.web is not None:
+                self.guard = webconfig.Guard(self.web)
+        except webconfig.WebConfigError as exc:
+            log.error("%s", exc)
+            return 2
+        try:
             self.remediator = self._make_remediator()
         except (ValueError, OSError) as exc:
             log.error("remediation: %s", exc)
             return 2
-        app = make_app(lambda: self.snapshot, self.renderer,
-                       extra_routes=self.remediator.routes())
+        routes = self.remediator.routes()
+        tls = None
+        if self.guard is not None:
+            self.guard.bearer = frozenset(r.path for r in routes)  # they check their own token
+            tls = self.guard.context
+        app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
+                       guard=self.guard)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True)
+        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True,
+                           ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
@@ -291,8 +338,12 @@ class Daemon:
             await runner.cleanup()
             await self.remediator.close()
             return 2
-        log.info("serving on http://%s:%d/ (backend: %s)", host or "0.0.0.0", port,
-                 self.backend.name)
+        log.info("serving on %s://%s:%d/ (backend: %s%s)", "https" if tls else "http",
+                 host or "0.0.0.0", port, self.backend.name,
+                 ", basic auth" if self.web is not None and self.web.users else "")
+        if self.web is not None and self.web.users and tls is None:
+            log.warning("basic auth without tls_server_config: passwords cross the network "
+                        "in clear")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)

@@ -13,6 +13,7 @@ from gpuwatch import __version__
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.state_json import state_document
+from gpuwatch.webconfig import Guard
 
 LANDING = """<!doctype html><html><head><title>gpuwatch</title></head><body>
 <h1>gpuwatch {version}</h1><p>{status}</p><ul>
@@ -26,9 +27,11 @@ _json = msgspec.json.Encoder()
 
 
 def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = None,
-             extra_routes: Iterable[web.RouteDef] = ()) -> web.Application:
+             extra_routes: Iterable[web.RouteDef] = (), *,
+             guard: Guard | None = None) -> web.Application:
     """renderer: shared with the daemon, which renders new states ahead of the expected
-    scrape, so a scrape only copies bytes."""
+    scrape, so a scrape only copies bytes. guard: basic auth and headers on every route, as
+    a middleware, so routes added later are covered too."""
     renderer = renderer or Renderer()
 
     async def metrics(request: web.Request) -> web.Response:
@@ -44,7 +47,10 @@ def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = N
         return web.Response(status=503, text="waiting for the first complete sample\n")
 
     async def api_state(request: web.Request) -> web.Response:
-        body = _json.encode(state_document(get_snapshot()))
+        snap = get_snapshot()
+        if snap.config is not None and not snap.config.http.api_state:
+            return web.Response(status=404, text="/api/state is off ([http] api_state = false)\n")
+        body = _json.encode(state_document(snap))
         return web.Response(body=body, content_type="application/json")
 
     async def landing(request: web.Request) -> web.Response:
@@ -55,7 +61,8 @@ def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = N
         page = LANDING.format(version=__version__, status=html.escape(status))
         return web.Response(text=page, content_type="text/html")
 
-    app = web.Application(client_max_size=1024 * 1024)
+    app = web.Application(client_max_size=1024 * 1024,
+                          middlewares=[guard.middleware] if guard is not None else [])
     app.add_routes([
         web.get("/metrics", metrics),
         web.get("/healthz", healthz),
