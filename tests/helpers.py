@@ -63,6 +63,15 @@ def eventually(fn, timeout: float = 5.0, interval: float = 0.02) -> bool:
     return bool(fn())
 
 
+def needs_binary(name: str):
+    """Skip a test where `name` is not installed, except in CI (CI=true): there the test runs
+    and a missing tool fails it, so a broken CI image cannot pass by skipping."""
+    import pytest
+
+    return pytest.mark.skipif(shutil.which(name) is None and os.environ.get("CI") != "true",
+                              reason=f"{name} not installed (required where CI=true)")
+
+
 def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
