@@ -80,3 +80,23 @@ def test_only_regular_files_are_read(tmp_path):
     big.write_text("# " + "x" * (1 << 20) + "\n")
     with pytest.raises(ConfigError, match="larger than"):
         load(big, environ={})
+
+
+def test_documented_defaults(tmp_path):
+    cfg = load_text(tmp_path, "")
+    assert cfg.listen == ":19400" and cfg.log_level == "info"
+    n = cfg.nvml
+    assert (n.fast_interval_seconds, n.slow_interval_seconds, n.xid_events,
+            n.retry_max_seconds, n.gpus) == (2.0, 30.0, True, 60.0, [])
+    assert cfg.http.api_state is True
+    assert (cfg.record, cfg.events_log, cfg.simulate, cfg.thresholds.file) == ("", "", "", "")
+
+
+SECTIONS = ["nvml", "thresholds", "http", "probe", "remediation", "webhook", "discovery",
+            "signals"]
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_unknown_keys_are_refused_in_every_section(tmp_path, section):
+    with pytest.raises(ConfigError, match=rf"{section}\.no_such_key: unknown key"):
+        load_text(tmp_path, f"[{section}]\nno_such_key = 1\n")
