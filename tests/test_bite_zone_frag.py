@@ -97,6 +97,7 @@ class FragRun:
         self.derived, self.conditions = Derived(), Conditions()
         self.t = 0.0
         self.level = 0
+        self.events = []
 
     def sample(self, level: int):
         """One probe record at the given level (0 healthy, 1 risk, 2 act)."""
@@ -113,6 +114,7 @@ class FragRun:
                                                  used_memory_bytes=2 << 30)])
         events = self.analyzer.update(Tick(t=self.t, gpus=[gpu], probes=[probe]), self.derived,
                                       self.conditions)
+        self.events += events
         for ev in events:  # the level as the events tell it
             self.level = {"warning": 1, "critical": 2}[ev.severity] if (
                 ev.state == "firing") else 0
@@ -137,3 +139,15 @@ def test_fragmentation_one_sample_below_does_not_resolve():
     run = FragRun()
     [run.sample(2) for _ in range(3)]
     assert [run.sample(x) for x in (0, 2, 0, 2)] == [2, 2, 2, 2]
+
+
+def test_fragmentation_event_says_what_and_why():
+    run = FragRun(n=1)
+    run.sample(2)
+    (ev,) = run.events
+    assert ev.state == "firing" and ev.severity == "critical" and ev.pid == 7 and ev.gpu_uuid == "GPU-f"
+    assert ev.value == 0.5 and ev.threshold == 0.35
+    assert ev.message == (
+        "pid 7: allocator fragmented (inactive_split/reserved): inactive_split/reserved 50%, "
+        "largest free block 100% of 300 MiB free, 0.00 free blocks/MiB; little free memory "
+        "left in small blocks: a cache flush is due")
