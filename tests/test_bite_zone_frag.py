@@ -145,7 +145,7 @@ def test_fragmentation_event_says_what_and_why():
     run = FragRun(n=1)
     run.sample(2)
     (ev,) = run.events
-    assert ev.state == "firing" and ev.severity == "critical" and ev.pid == 7 and ev.gpu_uuid == "GPU-f"
+    assert (ev.state, ev.severity, ev.pid, ev.gpu_uuid) == ("firing", "critical", 7, "GPU-f")
     assert ev.value == 0.5 and ev.threshold == 0.35
     assert ev.message == (
         "pid 7: allocator fragmented (inactive_split/reserved): inactive_split/reserved 50%, "
