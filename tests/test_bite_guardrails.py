@@ -58,6 +58,9 @@ def test_concurrency_cap_and_finish_never_goes_negative():
     assert g.check("flush", "c")[0] == "skipped_rate_limit"
     g.finish()
     assert g.check("flush", "c") is None
+    g.admit("flush", "c")  # one finished, one more running: at the cap again
+    assert g.in_flight == 2 and g.check("flush", "x")[0] == "skipped_rate_limit"
+    g.finish()
     g.finish()
     g.finish()  # one too many: ignored
     g.admit("flush", "c")
