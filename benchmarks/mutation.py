@@ -48,7 +48,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/test_bite_engines.py", "tests/test_engine_analyzer.py"]),
     "guardrails": (
         ["gpuwatch/remediation/guardrails.py"],
-        ["tests/test_remediation_remediator.py"]),
+        ["tests/test_bite_guardrails.py", "tests/test_remediation_remediator.py"]),
     "config": (
         ["gpuwatch/config.py"],
         ["tests/test_bite_config.py", "tests/test_config.py"]),
@@ -182,7 +182,6 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=180)
     ap.add_argument("--json")
     args = ap.parse_args()
-    rng = random.Random(args.seed)
     plan: list[tuple[str, Mutant, list[str]]] = []
     population: dict[str, int] = {}
     for name, (modules, tests) in TARGETS.items():
@@ -192,6 +191,8 @@ def main() -> None:
         tests = [t for t in tests if (REPO / t).exists()]
         every = [mut for path in present for mut in enumerate_mutants(path)]
         population[name] = len(every)
+        # One generator per target: a target's sample does not depend on the others run.
+        rng = random.Random(f"{args.seed}-{name}")
         for mut in rng.sample(every, min(args.per_target, len(every))):
             plan.append((name, mut, tests))
     results: dict[str, list[dict]] = {name: [] for name in population}
