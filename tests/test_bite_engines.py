@@ -71,3 +71,26 @@ def test_kv_usage_out_of_range_is_invalid_not_clamped(usage, expected):
     assert reading.kv_cache_usage_ratio == expected
     if expected is None:
         assert "invalid" in reading.missing["kv_cache_usage_ratio"]
+
+
+def test_a_window_without_requests_gives_no_latency_and_says_so():
+    run = Run(config(queue=QueueSignalConfig(slo_seconds=0.001, min_requests=0)))
+    same = vllm_text(0, 0, buckets=(1, 2, 3, 4, 5, 5), qsum=9.0)
+    run.scrape(0.0, same)
+    run.scrape(10.0, same)
+    st = run.state()
+    assert st.queue_requests_in_window == 0
+    assert st.queue_latency_seconds == {} and st.queue_latency_mean_seconds is None
+    assert st.missing["queue_latency"].startswith("no request left the queue")
+    assert st.missing["queue_latency_mean"].startswith("no request left the queue")
+    assert run.events == []  # nothing to judge, even with min_requests = 0
+
+
+def test_one_request_in_the_window():
+    run = Run()
+    run.scrape(0.0, vllm_text(0, 0, buckets=(1, 1, 1, 1, 1, 1), qsum=0.25))
+    run.scrape(10.0, vllm_text(0, 0, buckets=(1, 1, 2, 2, 2, 2), qsum=1.75))
+    st = run.state()
+    # The one request took 1.5 s, in the (1, 2] bucket: p50 = 1 + 1 x 0.5
+    assert st.queue_requests_in_window == 1 and st.queue_latency_mean_seconds == 1.5
+    assert st.queue_latency_seconds["0.5"] == pytest.approx(1.5)

@@ -29,6 +29,9 @@ def test_cooldown_ends_exactly_at_cooldown_seconds():
     now = [1000.0]
     g = make(now)
     run(g, "flush", "a")
+    now[0] = 1599.0
+    assert g.check("flush", "a") == ("skipped_cooldown", "flush on a ran 599s ago "
+                                     "(cooldown 600s)")
     now[0] = 1599.999
     assert g.check("flush", "a")[0] == "skipped_cooldown"
     assert g.check("flush", "b") is None  # per target

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwatch.thresholds import load_table
+from gpuwatch.thresholds import ThresholdsError, load_table
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -84,3 +84,27 @@ def test_budget_formula_by_hand(table):
     row = table.match("NVIDIA A100-SXM4-80GB", 81920 * MIB)
     expected = 0.95 * (81920 * MIB - 2.1 * GIB - 512 * MIB)
     assert row.budget_bytes == pytest.approx(expected, abs=1)
+
+
+def test_a_mig_instance_is_judged_on_a_derived_row(table):
+    row = table.match("NVIDIA A100-SXM4-80GB MIG 7g.80gb", 81920 * MIB)
+    assert row.id == "derived" and not row.calibrated
+    assert row.rule.startswith("MIG instance, derived from total memory")
+
+
+def test_zero_memory_is_an_error(table):
+    with pytest.raises(ValueError, match="must be positive"):
+        table.match("NVIDIA A100-SXM4-80GB", 0)
+    assert table.match("Tiny", 1).critical_bytes <= 1
+
+
+def test_override_row_edges(tmp_path):
+    # critical exactly at the card's total is allowed; a row without a model shows its id.
+    t = _override(tmp_path, '[[rows]]\nid = "l4"\nmatch = ["L4"]\nmemory_total_mib = 23034\n'
+                            "warning_above_mib = 20000\ncritical_above_mib = 23034\n")
+    row = t.match("NVIDIA L4", 23034 * MIB)
+    assert (row.id, row.model, row.critical_bytes) == ("l4", "l4", 23034 * MIB)
+    assert [r.model for r in t.rows() if r.id == "l4"] == ["l4"]
+    with pytest.raises(ThresholdsError, match="warning_above_mib < critical_above_mib"):
+        _override(tmp_path, '[[rows]]\nid = "l4"\nmatch = ["L4"]\nmemory_total_mib = 23034\n'
+                            "warning_above_mib = 20000\ncritical_above_mib = 23035\n")
