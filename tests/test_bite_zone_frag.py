@@ -151,3 +151,23 @@ def test_fragmentation_event_says_what_and_why():
         "pid 7: allocator fragmented (inactive_split/reserved): inactive_split/reserved 50%, "
         "largest free block 100% of 300 MiB free, 0.00 free blocks/MiB; little free memory "
         "left in small blocks: a cache flush is due")
+
+
+def test_fragmentation_holds_its_level_through_a_window_straddling_it():
+    run = FragRun()
+    assert [run.sample(x) for x in (1, 1, 1)] == [0, 0, 1]
+    # A healthy sample then two critical ones: the window (0, 2, 2) is neither all above
+    # nor all below warning: the level holds.
+    assert [run.sample(x) for x in (0, 2, 2)] == [1, 1, 1]
+    assert run.sample(2) == 2
+
+
+def test_free_blocks_per_mib_rule():
+    lim = Limits()
+    m = Measures(fragmentation_ratio=0.1, largest_free_share=0.9, free_blocks_per_mb=0.81,
+                 total_free_bytes=100 * MIB, smallest_free_block_bytes=300 * MIB)
+    assert judge(m, lim)[:2] == (1, "free blocks per MiB")
+    m.free_blocks_per_mb = 0.8
+    assert judge(m, lim)[0] == 0
+    m.free_blocks_per_mb, m.total_free_bytes = 5.0, 64 * MIB - 1  # too little free to judge
+    assert judge(m, lim)[0] == 0
