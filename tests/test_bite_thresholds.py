@@ -105,6 +105,8 @@ def test_override_row_edges(tmp_path):
     row = t.match("NVIDIA L4", 23034 * MIB)
     assert (row.id, row.model, row.critical_bytes) == ("l4", "l4", 23034 * MIB)
     assert [r.model for r in t.rows() if r.id == "l4"] == ["l4"]
-    with pytest.raises(ThresholdsError, match="warning_above_mib < critical_above_mib"):
-        _override(tmp_path, '[[rows]]\nid = "l4"\nmatch = ["L4"]\nmemory_total_mib = 23034\n'
-                            "warning_above_mib = 20000\ncritical_above_mib = 23035\n")
+    for warn, crit in ((20000, 23035), (20000, 20000)):  # above the total; no warning zone
+        with pytest.raises(ThresholdsError, match="warning_above_mib < critical_above_mib"):
+            _override(tmp_path, '[[rows]]\nid = "l4"\nmatch = ["L4"]\n'
+                                f"memory_total_mib = 23034\nwarning_above_mib = {warn}\n"
+                                f"critical_above_mib = {crit}\n")
