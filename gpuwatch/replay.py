@@ -5,18 +5,20 @@ from __future__ import annotations
 from typing import TextIO
 
 from gpuwatch.config import Config
-from gpuwatch.events import ActionEvent, Event, to_json
+from gpuwatch.events import to_json
 from gpuwatch.exporter.snapshot import Snapshot
-from gpuwatch.recording import read_recording
+from gpuwatch.logfmt import human_line, iso
+from gpuwatch.recording import ReadReport, read_recording
 from gpuwatch.remediation.policy import Policy, planned_actions
 from gpuwatch.signals.pipeline import Pipeline
 
 
-def iter_events(path: str, cfg: Config, actions: bool = True):
+def iter_events(path: str, cfg: Config, actions: bool = True,
+                report: ReadReport | None = None):
     """Every event the pipeline emits over the recording, in order, each followed by the
     actions the remediation policy would start for it (as dry-run action events: guardrails
     and identity checks depend on the live host)."""
-    _, ticks = read_recording(path)
+    _, ticks = read_recording(path, report)
     pipeline = Pipeline.from_config(cfg)
     policy = Policy(cfg.remediation, pipeline.table) if actions else None
     for tick in ticks:
@@ -27,22 +29,19 @@ def iter_events(path: str, cfg: Config, actions: bool = True):
             yield from planned_actions(policy, events, snap)
 
 
-def _human(ev: Event | ActionEvent) -> str:
-    if isinstance(ev, ActionEvent):
-        return f"{ev.t:.3f} {'action':8} {ev.result:8} {ev.action:18} {ev.target}"
-    where = " ".join(
-        f"{k}={v}" for k, v in (("gpu", ev.gpu_uuid), ("pid", ev.pid), ("engine", ev.engine))
-        if v is not None
-    )
-    value = "" if ev.value is None else f" value={ev.value:.6g}"
-    limit = "" if ev.threshold is None else f" threshold={ev.threshold:.6g}"
-    return f"{ev.t:.3f} {ev.state:8} {ev.severity:8} {ev.signal:18} {where}{value}{limit}"
+def truncation_warning(path: str, report: ReadReport) -> str | None:
+    """Where a recording cut short by a crash stops, or None when it is whole."""
+    if report.cut is None:
+        return None
+    upto = f", the last at {iso(report.last_t)}" if report.last_t is not None else ""
+    return (f"{path} is truncated: {report.cut}; replayed the {report.ticks} ticks "
+            f"before the cut{upto}")
 
 
 def replay_events(path: str, cfg: Config, *, as_json: bool, out: TextIO,
-                  actions: bool = True) -> int:
+                  actions: bool = True, report: ReadReport | None = None) -> int:
     n = 0
-    for ev in iter_events(path, cfg, actions):
-        out.write((to_json(ev) if as_json else _human(ev)) + "\n")
+    for ev in iter_events(path, cfg, actions, report):
+        out.write((to_json(ev) if as_json else human_line(ev)) + "\n")
         n += 1
     return n

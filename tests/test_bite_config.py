@@ -26,7 +26,7 @@ def test_ports_in_range(tmp_path, listen):
 
 @pytest.mark.parametrize("listen", [":65536", ":99999", "host:", ":-1", ":123456", "host"])
 def test_ports_out_of_range_name_the_key(tmp_path, listen):
-    with pytest.raises(ConfigError, match=r"listen: .* is not HOST:PORT"):
+    with pytest.raises(ConfigError, match=r"listen: "):
         load_text(tmp_path, f'listen = "{listen}"\n')
 
 

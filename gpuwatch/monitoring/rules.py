@@ -44,10 +44,13 @@ class RuleParams:
     preemptions_per_second: float = 0.1
     # NVLink CRC/replay/recovery errors per second, summed over links
     nvlink_errors_per_second: float = 0.1
-    # PrometheusRule custom resource
+    # PrometheusRule custom resource, in the DaemonSet's namespace. `release` is what
+    # kube-prometheus-stack's ruleSelector matches by default: set it to your release's name.
     resource_name: str = "gpuwatch"
+    resource_namespace: str = "gpuwatch"
     resource_labels: dict[str, str] = field(
-        default_factory=lambda: {"app.kubernetes.io/name": "gpuwatch", "role": "alert-rules"}
+        default_factory=lambda: {"app.kubernetes.io/name": "gpuwatch", "role": "alert-rules",
+                                 "release": "kube-prometheus-stack"}
     )
 
     def __post_init__(self) -> None:
@@ -159,8 +162,12 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
 
     j = f'job="{p.job}"'
     ident = "{{ $labels.instance }} GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
-    proc = ("process {{ $labels.process }} (pid {{ $labels.pid }}) on {{ $labels.instance }} "
-            "GPU {{ $labels.gpu }}")
+    # Who runs it, when gpuwatch knows: "pod X in namespace Y", the container, the Slurm job.
+    who = ("{{ if $labels.pod }}, pod {{ $labels.pod }} in namespace {{ $labels.namespace }}"
+           "{{ if $labels.container }}, container {{ $labels.container }}{{ end }}{{ end }}"
+           "{{ if $labels.slurm_job_id }}, Slurm job {{ $labels.slurm_job_id }}{{ end }}")
+    proc = (f"process {{{{ $labels.process }}}} (pid {{{{ $labels.pid }}}}{who}) on "
+            "{{ $labels.instance }} GPU {{ $labels.gpu }}")
     eng = "engine {{ $labels.engine }} ({{ $labels.model }}) on {{ $labels.instance }}"
     ecc = f'gpuwatch_gpu_ecc_errors_total{{{j},type="uncorrected"}}'
     failed = f'gpuwatch_remediation_actions_total{{{j},result="failed"}}'
@@ -295,7 +302,8 @@ def prometheus_rule(p: RuleParams) -> dict:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": p.resource_name, "labels": dict(p.resource_labels)},
+        "metadata": {"name": p.resource_name, "namespace": p.resource_namespace,
+                     "labels": dict(p.resource_labels)},
         "spec": {"groups": rules_document(p)["groups"] + alerts_document(p)["groups"]},
     }
 
