@@ -445,12 +445,12 @@ def test_a_real_process_on_the_real_proc(tmp_path):
 
 def test_replay_names_the_pod_in_its_human_output():
     from gpuwatch.events import Event
-    from gpuwatch.replay import _human
+    from gpuwatch.logfmt import human_line
 
     ev = Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid=GPU0, pid=7,
-               namespace="research", pod="tokenizer-6b7d4")
-    assert "pod=research/tokenizer-6b7d4" in _human(ev)
-    assert "pod=" not in _human(Event(t=1.0, signal="memory_leak", state="firing", pid=7))
+               namespace="research", pod="tokenizer-6b7d4", slurm_job_id="4242")
+    assert "pod research/tokenizer-6b7d4, slurm job 4242" in human_line(ev)
+    assert "pod " not in human_line(Event(t=1.0, signal="memory_leak", state="firing", pid=7))
 
 
 def _field(number: int, payload: bytes) -> bytes:

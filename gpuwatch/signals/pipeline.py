@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from gpuwatch.engines.analyzer import EngineAnalyzer
 from gpuwatch.events import Event
 from gpuwatch.model import ATTRIBUTION_FIELDS, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.engine import EngineAnalyzer
 from gpuwatch.signals.fragmentation import FragmentationAnalyzer
 from gpuwatch.signals.memory import MemoryAnalyzer
 
