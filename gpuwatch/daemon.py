@@ -19,7 +19,6 @@ import ssl
 import time
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
@@ -27,6 +26,7 @@ from gpuwatch import config as config_mod
 from gpuwatch.attribution.source import make_source as make_attribution
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
+from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
@@ -37,10 +37,12 @@ from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
+from gpuwatch.thresholds import ThresholdsError
 
 log = logging.getLogger("gpuwatch")
 
 RECENT_EVENTS = 200
+RELOAD_TIMEOUT_SECONDS = 5.0
 
 
 class Daemon:
@@ -70,6 +72,8 @@ class Daemon:
         self._events_log = None
         self._stop = asyncio.Event()
         self._engine_task: asyncio.Task | None = None
+        self._reload_task: asyncio.Task | None = None
+        self._reload_again = False
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
         self.remediator = None
@@ -130,6 +134,8 @@ class Daemon:
                 self._recorder = None
         t0 = time.perf_counter()
         events = self.pipeline.update(tick)
+        if self._events_log is not None:
+            self._events_log.retry()
         sig = self.sources.setdefault("signals", SourceStatus())
         sig.up, sig.last_success = True, tick.t
         sig.last_duration_seconds = time.perf_counter() - t0
@@ -144,14 +150,8 @@ class Daemon:
         return events
 
     def _log_event(self, ev: Event | ActionEvent) -> None:
-        if self._events_log is None:
-            return
-        try:
-            self._events_log.write(redact.scrub_text(to_json(ev)) + "\n")
-            self._events_log.flush()
-        except OSError as exc:
-            log.error("events log stopped: %s", exc)
-            self._events_log = None
+        if self._events_log is not None:
+            self._events_log.write(redact.scrub_text(to_json(ev)))
 
     def _publish(self, tick: Tick | None, ready: bool) -> None:
         self._version += 1
@@ -169,11 +169,13 @@ class Daemon:
             extras=dict(self._extras),
             config=self.config,
         )
-        # Render now, off the scrape path: a scrape between ticks only copies bytes.
-        try:
-            self.renderer.render(self.snapshot)
-        except Exception:
-            log.exception("rendering /metrics failed")
+        # Render now, off the scrape path, when a scrape is due: a scrape between ticks only
+        # copies bytes, and states nobody scrapes are not rendered.
+        if self.renderer.due(self.config.nvml.fast_interval_seconds):
+            try:
+                self.renderer.render(self.snapshot)
+            except Exception:
+                log.exception("rendering /metrics failed")
 
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -218,51 +220,85 @@ class Daemon:
         self._engine_task = asyncio.create_task(source.run(self._engine_sink))
 
     # -- configuration ----------------------------------------------------------------
-    def reload(self) -> bool:
+    def request_reload(self) -> None:
+        """SIGHUP: one reload at a time; a storm of signals collapses into one more."""
+        if self._reload_task is not None and not self._reload_task.done():
+            self._reload_again = True
+            return
+        self._reload_task = asyncio.create_task(self._reload_loop())
+
+    async def _reload_loop(self) -> None:
+        self._reload_again = True
+        while self._reload_again:
+            self._reload_again = False
+            await self.reload()
+
+    async def reload(self) -> bool:
+        """Validate the whole new configuration, then apply all of it or none of it."""
+        loop = asyncio.get_running_loop()
         try:
-            new = config_mod.load(self.config_path, overrides=self.overrides)
-        except ConfigError as exc:
-            log.error("configuration reload rejected, keeping the current one: %s", exc)
+            # The file is read on a thread, with a deadline: a slow or stuck filesystem must
+            # not stall sampling and serving (a FIFO is refused by the reader itself).
+            new, wc = await asyncio.wait_for(loop.run_in_executor(None, self._read),
+                                             RELOAD_TIMEOUT_SECONDS)
+            self._apply(new, wc)
+        except TimeoutError:
+            log.error("configuration reload rejected, nothing applied: reading %s took "
+                      "more than %ss", self.config_path, RELOAD_TIMEOUT_SECONDS)
             return False
+        except webconfig.WebConfigError as exc:
+            log.error("web config reload rejected, nothing of the configuration applied "
+                      "either: %s", exc)
+            return False
+        except (ConfigError, ThresholdsError, ValueError, OSError) as exc:
+            log.error("configuration reload rejected, nothing applied: %s", exc)
+            return False
+        log.info("configuration reloaded: all of %s applied",
+                 self.config_path or "the environment")
+        return True
+
+    def _read(self) -> tuple[Config, webconfig.WebConfig | None]:
+        """The new configuration, and the web config file's new contents when it is kept
+        (a changed path needs a restart). Runs on a thread: both are file reads."""
+        new = config_mod.load(self.config_path, overrides=self.overrides)
+        wc = None
+        if self.guard is not None and new.web_config and new.web_config == self.config.web_config:
+            wc = webconfig.load(new.web_config)
+        return new, wc
+
+    def _apply(self, new: Config, wc: webconfig.WebConfig | None) -> None:
+        """Build and check everything the new configuration needs before changing anything;
+        the remediator's reconfigure is itself all-or-nothing and the last step that can
+        fail."""
+        old = self.config
+        pipeline = self.pipeline
+        if (new.signals, new.thresholds) != (old.signals, old.thresholds):
+            pipeline = Pipeline.from_config(new)
+        engines_changed = (new.engines, new.discovery) != (old.engines, old.discovery)
+        if self.remediator is not None and (new.remediation, new.webhook) != (
+                old.remediation, old.webhook):
+            self.remediator.reconfigure(new.remediation, new.webhook)
         redact.remember(new)
-        old, self.config = self.config, new
         if (new.listen, new.web_config) != (old.listen, old.web_config):
             log.warning("listen address and web_config changes need a restart; still serving "
                         "on %s", old.listen)
-        if (new.signals, new.thresholds) != (old.signals, old.thresholds):
-            try:
-                self.pipeline = Pipeline.from_config(new)
-            except Exception as exc:
-                log.error("new thresholds/signals rejected, keeping the current ones: %s", exc)
-                self.config = msgspec.structs.replace(
-                    new, signals=old.signals, thresholds=old.thresholds)
-            else:
-                log.info("signals rebuilt from the new configuration (windows restart)")
-        if (new.engines, new.discovery) != (old.engines, old.discovery):
+        if pipeline is not self.pipeline:
+            self.pipeline = pipeline
+            log.info("signals rebuilt from the new configuration (windows restart)")
+        self.config = new
+        if engines_changed:
             self._start_engines()
-        if self.guard is not None and new.web_config == old.web_config:
-            self._reload_web(new.web_config)
         if (new.attribution, new.proc_root) != (old.attribution, old.proc_root):
             if self.attribution is not None:
                 self.attribution.close()
             self.attribution = make_attribution(new, self.backend, self.sources)
-        if self.remediator is not None and (new.remediation, new.webhook) != (
-                old.remediation, old.webhook):
-            try:
-                self.remediator.reconfigure(new.remediation, new.webhook)
-            except (ValueError, OSError) as exc:
-                log.error("new remediation settings rejected, keeping the current ones: %s",
-                          exc)
-                self.config = msgspec.structs.replace(
-                    self.config, remediation=old.remediation, webhook=old.webhook)
-        log.info("configuration reloaded")
-        return True
+        if wc is not None:
+            self._reload_web(wc)
 
-    def _reload_web(self, path: str) -> None:
+    def _reload_web(self, wc: webconfig.WebConfig) -> None:
         try:
-            wc = webconfig.load(path)
             restart = self.guard.update(wc)
-        except (webconfig.WebConfigError, ssl.SSLError, OSError) as exc:
+        except (ssl.SSLError, OSError) as exc:  # a certificate replaced since it was read
             log.error("web config reload rejected, keeping the current one: %s", exc)
             return
         if restart:
@@ -280,8 +316,7 @@ class Daemon:
                 self._recorder = Recorder(cfg.record, self.host, cfg.nvml.fast_interval_seconds)
             key = "events_log"
             if cfg.events_log:
-                fd = os.open(cfg.events_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                self._events_log = os.fdopen(fd, "a")
+                self._events_log = EventsLog(cfg.events_log)
         except OSError as exc:
             self._close_outputs()
             return f"{key}: cannot write {exc.filename or getattr(cfg, key)}: {exc.strerror}"
@@ -379,7 +414,7 @@ class Daemon:
                         "in clear")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         tasks = []
         try:
             self._start_engines()
@@ -391,7 +426,7 @@ class Daemon:
             await self._stop.wait()
             log.info("stopping")
         finally:
-            for t in [*tasks, self._engine_task]:
+            for t in [*tasks, self._engine_task, self._reload_task]:
                 if t is not None:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)

@@ -26,27 +26,34 @@ def _open(path: str, mode: str) -> IO[bytes]:
     return open(path, mode + "b")
 
 
-class Recorder:
-    """Appends one line per tick. Plain files are flushed every tick; gzip ones every
-    `gzip_flush_every` ticks (a flush per tick would ruin the compression) and on close."""
+# A SIGKILL loses at most this much of a .gz recording (plus the tick being written); see
+# benchmarks/recording_flush.py for what flushing more often costs in size and CPU.
+GZIP_FLUSH_SECONDS = 4.0
 
-    def __init__(self, path: str, host: str, interval_s: float, gzip_flush_every: int = 30):
+
+class Recorder:
+    """Appends one line per tick. Plain files are flushed every tick; gzip ones when
+    `gzip_flush_seconds` of ticks have passed since the last flush (a sync flush per tick
+    costs compression) and on close."""
+
+    def __init__(self, path: str, host: str, interval_s: float,
+                 gzip_flush_seconds: float = GZIP_FLUSH_SECONDS):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.close(fd)  # created owner-only; reopened below through the right codec
         self.path = path
         self._f = _open(path, "w")
         self._enc = msgspec.json.Encoder()
-        self._n = 0
-        self._every = 1 if not path.endswith(".gz") else gzip_flush_every
+        self._every_s = gzip_flush_seconds if path.endswith(".gz") else 0.0
+        self._flushed_t: float | None = None
         header = RecordingHeader(host=host, interval_s=interval_s)
         self._f.write(self._enc.encode(header) + b"\n")
         self._f.flush()
 
     def write(self, tick: Tick) -> None:
         self._f.write(self._enc.encode(tick) + b"\n")
-        self._n += 1
-        if self._n % self._every == 0:
+        if self._flushed_t is None or tick.t - self._flushed_t >= self._every_s:
             self._f.flush()
+            self._flushed_t = tick.t
 
     def close(self) -> None:
         self._f.close()

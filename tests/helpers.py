@@ -63,6 +63,15 @@ def eventually(fn, timeout: float = 5.0, interval: float = 0.02) -> bool:
     return bool(fn())
 
 
+def needs_binary(name: str):
+    """Skip a test where `name` is not installed, except in CI (CI=true): there the test runs
+    and a missing tool fails it, so a broken CI image cannot pass by skipping."""
+    import pytest
+
+    return pytest.mark.skipif(shutil.which(name) is None and os.environ.get("CI") != "true",
+                              reason=f"{name} not installed (required where CI=true)")
+
+
 def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
@@ -76,11 +85,12 @@ def require_binary(name: str) -> str:
 class Proc:
     """A child process whose output goes to a file, stopped with SIGTERM then SIGKILL."""
 
-    def __init__(self, argv: list[str], workdir: Path, name: str, env=None) -> None:
+    def __init__(self, argv: list[str], workdir: Path, name: str, env=None,
+                 preexec=None) -> None:
         self.log_path = workdir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the child
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, cwd=workdir)
+                                     env=env, cwd=workdir, preexec_fn=preexec)
 
     def output(self) -> str:
         if not self._log.closed:
@@ -104,7 +114,7 @@ class Proc:
 
 class Daemon(Proc):
     def __init__(self, workdir: Path, *args: str, config_toml: str | None = None,
-                 env: dict | None = None, wait_ready: bool = True) -> None:
+                 env: dict | None = None, wait_ready: bool = True, preexec=None) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.address}"
@@ -116,7 +126,8 @@ class Daemon(Proc):
         argv += list(args)
         # State (audit log, snapshots) stays in the test's directory.
         full_env = child_env(STATE_DIRECTORY=str(workdir / f"state-{self.port}"), **(env or {}))
-        super().__init__(argv, workdir, f"gpuwatch-{self.port}", env=full_env)
+        super().__init__(argv, workdir, f"gpuwatch-{self.port}", env=full_env,
+                         preexec=preexec)
         if wait_ready:
             self.wait_ready()
 

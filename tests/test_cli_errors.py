@@ -97,7 +97,7 @@ def test_help_and_version_exit_0():
 
 def test_truncated_recording_is_replayed_to_the_cut_with_a_warning(tmp_path):
     path = tmp_path / "r.jsonl.gz"
-    rec = Recorder(str(path), host="h", interval_s=3, gzip_flush_every=1)
+    rec = Recorder(str(path), host="h", interval_s=3, gzip_flush_seconds=0)
     for t in ticks(4):
         rec.write(t)
     rec._f.flush()  # killed here: no gzip trailer

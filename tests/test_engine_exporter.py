@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.engine import EngineAnalyzer
+from tests.helpers import needs_binary
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 PAIRS = {
@@ -109,7 +109,7 @@ def test_nothing_rendered_without_engines():
     assert list(family.collect(Snapshot(derived=Derived()))) == []
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+@needs_binary("promtool")
 def test_promtool_finds_nothing_to_complain_about():
     out = subprocess.run(["promtool", "check", "metrics"], input=render(), capture_output=True,
                          text=True, timeout=60)

@@ -96,6 +96,17 @@ def check_state(s: EngineState) -> None:
         assert math.isfinite(v), q
 
 
+# What the analyzer says when reading or normalizing raised: it turns any exception into
+# "engine down" (a sample must never take the daemon down), which would hide its own bugs.
+INTERNAL = ("could not read the exposition", "could not normalize")
+
+
+def check_no_internal_failure(s: EngineState, events) -> None:
+    assert not s.reason.startswith(INTERNAL), s.reason
+    for ev in events:  # nothing fires on a value that is not a sane number
+        assert ev.value is None or (math.isfinite(ev.value) and abs(ev.value) < 1e300), ev
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(exposition())
 def test_read_never_raises(text):
@@ -112,8 +123,9 @@ def test_analyzer_sequences_stay_finite(seq):
     derived, conditions = Derived(), Conditions()
     for i, (text, kind) in enumerate(seq):
         sample = EngineSample(name="e", kind=kind, url="u", exposition=text, t=float(i))
-        analyzer.update(Tick(t=float(i), engines=[sample]), derived, conditions)
+        events = analyzer.update(Tick(t=float(i), engines=[sample]), derived, conditions)
         check_state(derived.engines["e"])
+        check_no_internal_failure(derived.engines["e"], events)
     # and the exporter renders it without a NaN in sight
     registry = CollectorRegistry()
     registry.register(type("C", (), {"collect": lambda self: engine_family.collect(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 import subprocess
 
 import pytest
 
 from gpuwatch.signals.windows import CounterBank, EngineCounters, Window, histogram_quantile
+from tests.helpers import needs_binary
 
 INF = math.inf
 
@@ -111,7 +111,7 @@ def _prom_round(v: float) -> float:
     return math.floor(v * 1000 + 0.5) / 1000
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+@needs_binary("promtool")
 def test_histogram_quantile_matches_prometheus(tmp_path):
     """Random histograms through real Prometheus (promtool) and through ours: same values."""
     rng = random.Random(7)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import msgspec
@@ -25,6 +24,7 @@ from gpuwatch.signals.fragmentation import (
     locate,
     measure,
 )
+from tests.helpers import needs_binary
 
 GIB = 1024 * MIB
 PID = 4242
@@ -258,7 +258,7 @@ def test_allocator_metrics():
     assert not any(_values(_exposition(bare)).values())
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+@needs_binary("promtool")
 def test_allocator_metrics_pass_promtool():
     text = _exposition(_snapshot([WARNING, CRITICAL]))
     res = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,

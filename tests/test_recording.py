@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import gzip
 
+import msgspec
 import pytest
 
 from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
-from gpuwatch.recording import Recorder, RecordingError, read_recording
+from gpuwatch.recording import GZIP_FLUSH_SECONDS, Recorder, RecordingError, read_recording
 
 
 def ticks(n: int) -> list[Tick]:
@@ -78,7 +79,7 @@ def test_torn_last_line_ends_the_recording(tmp_path):
 
 def test_truncated_gzip_keeps_what_was_flushed(tmp_path):
     path = tmp_path / "r.jsonl.gz"
-    rec = Recorder(str(path), host="h", interval_s=3, gzip_flush_every=1)
+    rec = Recorder(str(path), host="h", interval_s=3, gzip_flush_seconds=0)
     for t in ticks(4):
         rec.write(t)
     rec._f.flush()
@@ -108,3 +109,16 @@ def test_not_a_recording(tmp_path):
     g.write_bytes(gzip.compress(b"not json\n"))
     with pytest.raises(RecordingError, match="line 1"):
         read_recording(str(g))
+
+
+def test_gzip_recording_loses_at_most_a_few_seconds_when_killed(tmp_path):
+    path = tmp_path / "r.jsonl.gz"
+    rec = Recorder(str(path), host="h", interval_s=1)
+    base = ticks(1)[0]
+    for i in range(28):  # 1 s ticks, never closed: what a SIGKILL leaves
+        rec.write(msgspec.structs.replace(base, t=1000.0 + i))
+    copy = tmp_path / "killed.jsonl.gz"
+    copy.write_bytes(path.read_bytes())
+    kept = [t.t for t in read_recording(str(copy))[1]]
+    assert kept and kept[-1] >= 1027 - GZIP_FLUSH_SECONDS
+    assert GZIP_FLUSH_SECONDS <= 5

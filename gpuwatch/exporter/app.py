@@ -44,13 +44,13 @@ def readiness(snap: Snapshot) -> tuple[bool, str]:
 def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = None,
              extra_routes: Iterable[web.RouteDef] = (), *,
              guard: Guard | None = None) -> web.Application:
-    """renderer: shared with the daemon, which renders each new state as it publishes it,
-    so a scrape only copies bytes. guard: basic auth and headers on every route, as a
-    middleware, so routes added later are covered too."""
+    """renderer: shared with the daemon, which renders new states ahead of the expected
+    scrape, so a scrape only copies bytes. guard: basic auth and headers on every route, as
+    a middleware, so routes added later are covered too."""
     renderer = renderer or Renderer()
 
     async def metrics(request: web.Request) -> web.Response:
-        body = renderer.render(get_snapshot())
+        body = renderer.serve(get_snapshot())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(request: web.Request) -> web.Response:

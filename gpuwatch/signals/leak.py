@@ -215,12 +215,27 @@ class FastWindow:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self.samples: deque[tuple[float, float]] = deque()
+        # The window's extremes, kept as it slides (monotonic queues): most series cannot
+        # rise at the critical pace at all, and are ruled out without a pass over the window.
+        self._lows: deque[tuple[float, float]] = deque()
+        self._highs: deque[tuple[float, float]] = deque()
 
     def add(self, t: float, v: float) -> None:
         s = self.samples
         s.append((t, v))
         while t - s[0][0] > self.window_s:
             s.popleft()
+        for q, worse in ((self._lows, v.__le__), (self._highs, v.__ge__)):
+            while q and worse(q[-1][1]):
+                q.pop()
+            q.append((t, v))
+            while t - q[0][0] > self.window_s:
+                q.popleft()
+
+    def _could_reach(self, threshold: float, rise_s: float) -> bool:
+        """Whether any envelope can rise by threshold over rise_s: no part's extreme is
+        above the window's highest or below its lowest sample."""
+        return self._highs[0][1] - self._lows[0][1] >= threshold * rise_s
 
     def _envelopes(self, parts: int, min_span: float):
         """(part length, minima, maxima) of the window's parts; None while the window is
@@ -233,6 +248,8 @@ class FastWindow:
         if span < min_span * self.window_s:
             return None
         part = span / parts
+        if not self._could_reach(threshold, (parts - 1) * part):
+            return None
         lo = [math.inf] * parts
         hi = [-math.inf] * parts
         for t, v in s:

@@ -1,0 +1,230 @@
+"""Mutation score of the core modules: how many small changes to the code the tests catch.
+
+    python -m benchmarks.mutation [--per-target 30] [--seed 1] [--only NAME] [--json FILE]
+
+A small AST mutator (no dependency): each mutant changes one thing in one module, the way
+a slip of the keyboard would: a comparison flipped or loosened (`<` -> `<=`, `==` -> `!=`),
+an arithmetic operator swapped (`+` -> `-`, `*` -> `/`), a number moved by one (`0` -> `1`,
+`0.5` -> `1.5`), `True` <-> `False`, `and` <-> `or`, `min` <-> `max`, a `not` dropped.
+The module is rewritten in a copy of the checkout and the target's tests run there
+(`pytest -x`); the mutant is killed when they fail or time out. Mutants are sampled with
+a fixed seed, `--per-target` per target, because every run costs a pytest start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.report import emit
+
+REPO = Path(__file__).resolve().parent.parent
+
+# target -> (modules, tests that cover them)
+TARGETS: dict[str, tuple[list[str], list[str]]] = {
+    "signals": (
+        ["gpuwatch/signals/leak.py", "gpuwatch/signals/zone.py", "gpuwatch/signals/oom.py",
+         "gpuwatch/signals/fragmentation.py", "gpuwatch/signals/memory.py",
+         "gpuwatch/signals/conditions.py"],
+        ["tests/test_bite_zone_frag.py", "tests/test_bite_leak_fast.py", "tests/test_zone.py",
+         "tests/test_oom.py", "tests/test_fragmentation.py", "tests/test_leak.py"]),
+    "engine windows": (
+        ["gpuwatch/engines/windows.py", "gpuwatch/signals/windows.py"],
+        ["tests/test_bite_windows.py", "tests/test_engine_windows.py",
+         "tests/test_bite_engines.py",
+         "tests/test_engine_analyzer.py"]),
+    "engine analyzer": (
+        ["gpuwatch/engines/analyzer.py", "gpuwatch/signals/engine.py"],
+        ["tests/test_bite_engines.py", "tests/test_engine_analyzer.py"]),
+    "guardrails": (
+        ["gpuwatch/remediation/guardrails.py"],
+        ["tests/test_bite_guardrails.py", "tests/test_remediation_remediator.py"]),
+    "config": (
+        ["gpuwatch/config.py"],
+        ["tests/test_bite_config.py", "tests/test_config.py"]),
+    "thresholds": (
+        ["gpuwatch/thresholds/table.py", "gpuwatch/thresholds/schema.py"],
+        ["tests/test_bite_thresholds.py", "tests/test_thresholds.py"]),
+}
+
+_CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
+        ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
+        ast.In: ast.NotIn, ast.NotIn: ast.In}
+_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
+        ast.FloorDiv: ast.Div, ast.Mod: ast.FloorDiv}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    path: str
+    index: int  # the index-th mutation point of the file, in walk order
+    line: int
+    what: str
+
+
+def _points(tree: ast.AST):
+    """Every (node, description, apply) a mutation can be made at; apply mutates in place."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for i, op in enumerate(node.ops):
+                if type(op) in _CMP:
+                    def apply(n=node, i=i, op=op):
+                        n.ops[i] = _CMP[type(op)]()
+                    yield node, f"{type(op).__name__} -> {_CMP[type(op)].__name__}", apply
+        elif isinstance(node, ast.BinOp) and type(node.op) in _BIN:
+            def apply(n=node):
+                n.op = _BIN[type(n.op)]()
+            yield node, f"{type(node.op).__name__} -> {_BIN[type(node.op)].__name__}", apply
+        elif isinstance(node, ast.BoolOp):
+            def apply(n=node):
+                n.op = ast.Or() if isinstance(n.op, ast.And) else ast.And()
+            yield node, f"{type(node.op).__name__} -> other", apply
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            yield node, "drop not", None  # handled by the transformer below
+        elif isinstance(node, ast.Constant) and type(node.value) in (int, float, bool):
+            if isinstance(node.value, bool):
+                def apply(n=node):
+                    n.value = not n.value
+                yield node, f"{node.value} -> {not node.value}", apply
+            else:
+                def apply(n=node):
+                    n.value = n.value + 1
+                yield node, f"{node.value!r} -> {node.value + 1!r}", apply
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("min", "max")):
+            def apply(n=node):
+                n.func.id = "max" if n.func.id == "min" else "min"
+            yield node, f"{node.func.id} -> other", apply
+
+
+def _in_docstring_or_annotation(tree: ast.AST) -> set[int]:
+    """ids of constant nodes that are not code: docstrings, annotations, msgspec Meta."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign | ast.arg) and getattr(node, "annotation", None):
+            skip.update(id(n) for n in ast.walk(node.annotation))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+            skip.update(id(n) for n in ast.walk(node.returns))
+    return skip
+
+
+def enumerate_mutants(path: str) -> list[Mutant]:
+    tree = ast.parse((REPO / path).read_text())
+    skip = _in_docstring_or_annotation(tree)
+    return [Mutant(path, i, getattr(node, "lineno", 0), what)
+            for i, (node, what, _) in enumerate(_points(tree)) if id(node) not in skip]
+
+
+class _DropNot(ast.NodeTransformer):
+    def __init__(self, target: ast.AST) -> None:
+        self.target = target
+
+    def visit_UnaryOp(self, node):
+        self.generic_visit(node)
+        return node.operand if node is self.target else node
+
+
+def mutate(source: str, index: int) -> str:
+    tree = ast.parse(source)
+    for i, (node, _, apply) in enumerate(_points(tree)):
+        if i == index:
+            if apply is None:
+                tree = _DropNot(node).visit(tree)
+            else:
+                apply()
+            return ast.unparse(ast.fix_missing_locations(tree))
+    raise IndexError(index)
+
+
+def run_mutant(m: Mutant, tests: list[str], timeout: float) -> tuple[Mutant, str, float]:
+    with tempfile.TemporaryDirectory(prefix="gpuwatch-mut-") as tmp:
+        work = Path(tmp)
+        for part in ("gpuwatch", "tests", "benchmarks", "pyproject.toml", "alerts",
+                     "dashboards", "docs", "exporters", "README.md"):
+            src = REPO / part
+            if src.is_dir():
+                shutil.copytree(src, work / part, ignore=shutil.ignore_patterns(
+                    "__pycache__", "*.pyc", "results"))
+            elif src.exists():
+                shutil.copy(src, work / part)
+        target = work / m.path
+        target.write_text(mutate(target.read_text(), m.index))
+        env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run(
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                 "-m", "not slow and not gpu", *tests],
+                cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+            verdict = "survived" if r.returncode == 0 else (
+                "killed" if r.returncode in (1, 2) else f"error rc={r.returncode}")
+        except subprocess.TimeoutExpired:
+            verdict = "killed (timeout)"
+        return m, verdict, time.monotonic() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--per-target", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", action="append", help="target name (repeatable)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=180)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    plan: list[tuple[str, Mutant, list[str]]] = []
+    population: dict[str, int] = {}
+    for name, (modules, tests) in TARGETS.items():
+        if args.only and name not in args.only:
+            continue
+        present = [m for m in modules if (REPO / m).exists()]
+        tests = [t for t in tests if (REPO / t).exists()]
+        every = [mut for path in present for mut in enumerate_mutants(path)]
+        population[name] = len(every)
+        # One generator per target: a target's sample does not depend on the others run.
+        rng = random.Random(f"{args.seed}-{name}")
+        for mut in rng.sample(every, min(args.per_target, len(every))):
+            plan.append((name, mut, tests))
+    results: dict[str, list[dict]] = {name: [] for name in population}
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_mutant, mut, tests, args.timeout): name
+                   for name, mut, tests in plan}
+        for fut in concurrent.futures.as_completed(futures):
+            m, verdict, secs = fut.result()
+            results[futures[fut]].append({"file": m.path, "line": m.line, "mutation": m.what,
+                                          "verdict": verdict, "seconds": round(secs, 1)})
+            print(f"{verdict:>16}  {m.path}:{m.line}  {m.what}", file=sys.stderr)
+    summary = {}
+    for name, rows in results.items():
+        killed = sum(r["verdict"].startswith("killed") for r in rows)
+        errors = sum(r["verdict"].startswith("error") for r in rows)
+        judged = len(rows) - errors
+        summary[name] = {"mutants_in_code": population[name], "sampled": len(rows),
+                         "killed": killed, "errors": errors,
+                         "score": round(killed / judged, 3) if judged else None}
+    killed = sum(s["killed"] for s in summary.values())
+    judged = sum(s["sampled"] - s["errors"] for s in summary.values())
+    emit({"benchmark": "mutation", "seed": args.seed, "per_target": args.per_target,
+          "machine": platform.node(), "cpus": os.cpu_count(),
+          "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+          "wall_seconds": round(time.monotonic() - t0),
+          "score": round(killed / judged, 3) if judged else None,
+          "targets": summary,
+          "survivors": [dict(r, target=n) for n, rows in results.items() for r in rows
+                        if r["verdict"] == "survived"]}, args.json)
+
+
+if __name__ == "__main__":
+    main()
