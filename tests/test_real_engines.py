@@ -107,8 +107,9 @@ def test_vllm_hit_ratio_follows_the_prompts(vllm, daemon):
     assert 200 in bg.join()
 
 
-def test_vllm_queue_and_kv_usage_move_under_load(vllm, daemon):
+def test_vllm_queue_kv_usage_and_slis_move_under_load(vllm, daemon, prometheus):
     d = daemon(config_toml=engine_config("vllm-0", vllm.metrics_url))
+    prom = prometheus([d.address])
     wait_until(lambda: series(d, "gpuwatch_engine_up", engine="vllm-0") == [1.0], 30)
     seen = {"running": 0.0, "waiting": 0.0, "kv": 0.0}
 
@@ -123,6 +124,10 @@ def test_vllm_queue_and_kv_usage_move_under_load(vllm, daemon):
     wait_until(busy, 90, interval=0.2, what="running, waiting and KV usage under load")
     assert bg.join().count(200) == 24
     assert seen["running"] <= 4  # --max-num-seqs 4
+    # The serving SLIs reach Prometheus: the TTFT p95 of this load, in seconds.
+    ttft = prom.wait_for('gpuwatch_engine_time_to_first_token_seconds'
+                         '{engine="vllm-0",quantile="0.95"}', timeout=60)
+    assert 0 < float(ttft[0]["value"][1]) < 120
     wait_until(lambda: engine(d, "vllm-0")["requests_running"] == 0, 30, what="idle again")
     st = engine(d, "vllm-0")
     assert st["queue_latency_seconds"] and min(st["queue_latency_seconds"].values()) >= 0

@@ -237,9 +237,9 @@ class FastWindow:
         above the window's highest or below its lowest sample."""
         return self._highs[0][1] - self._lows[0][1] >= threshold * rise_s
 
-    def _envelopes(self, parts: int, min_span: float):
+    def _envelopes(self, parts: int, min_span: float, threshold: float | None = None):
         """(part length, minima, maxima) of the window's parts; None while the window is
-        short or a part is empty."""
+        short or a part is empty, or when no envelope can rise at `threshold`."""
         s = self.samples
         if len(s) < 2 * parts:
             return None
@@ -248,7 +248,7 @@ class FastWindow:
         if span < min_span * self.window_s:
             return None
         part = span / parts
-        if not self._could_reach(threshold, (parts - 1) * part):
+        if threshold is not None and not self._could_reach(threshold, (parts - 1) * part):
             return None
         lo = [math.inf] * parts
         hi = [-math.inf] * parts
@@ -264,7 +264,7 @@ class FastWindow:
               lows_only: bool = False, min_span: float = 0.66) -> float | None:
         """Rise rate of the parts' minima (or maxima) from the first part to the last,
         when it reaches `threshold` and every part rose by step_ratio of that pace."""
-        env = self._envelopes(parts, min_span)
+        env = self._envelopes(parts, min_span, threshold)
         if env is None:
             return None
         part, lo, hi = env
