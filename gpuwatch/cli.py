@@ -13,6 +13,7 @@ from gpuwatch import config as config_mod
 from gpuwatch.monitoring.cli import alerts as alerts_command
 from gpuwatch.monitoring.cli import dashboards as dashboards_command
 from gpuwatch.thresholds.cli import thresholds as thresholds_command
+from gpuwatch.views.cli import report as report_command
 
 SCENARIO_NAMES = ("steady", "leak", "fragmentation", "mixed", "large")
 
@@ -44,6 +45,7 @@ def main() -> None:
 main.add_command(dashboards_command)
 main.add_command(alerts_command)
 main.add_command(thresholds_command)
+main.add_command(report_command)
 
 
 @main.command()
