@@ -61,7 +61,7 @@ def hostile_engine():
     body = vllm_exposition(3600.0, HOSTILE_MODEL).encode()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))

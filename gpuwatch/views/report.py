@@ -455,8 +455,8 @@ def _gpu_section(c: Collector, g: GpuView) -> str:
     th = g.thresholds
     head = (f'<h3 id="gpu-{g.index}">GPU {g.index} · {escape(g.name or fmt.DASH)}</h3>'
             f'<p class="meta">{escape(g.uuid)} · total {fmt.size(g.total)} · threshold row '
-            f"{escape(g.row or fmt.DASH)} ({cal}): warning {fmt.size(th.get('warning'))}, "
-            f"critical {fmt.size(th.get('critical'))}, budget {fmt.size(th.get('budget'))}</p>")
+            f"{escape(g.row or fmt.DASH)} ({cal}): warning {_mib(th.get('warning'))}, "
+            f"critical {_mib(th.get('critical'))}, budget {_mib(th.get('budget'))}</p>")
     procs = sorted((sv for k, sv in c.series.items() if k[0] == g.uuid),
                    key=lambda sv: (sv.key[1] is not None, not sv.trends, -sv.peak))
     return head + plot + "".join(_series_plot(c, sv) for sv in procs[:MAX_PROCESS_PLOTS]) + (
@@ -503,6 +503,11 @@ def _series_plot(c: Collector, sv: SeriesView) -> str:
             + chart(lines, c.t0, c.t1, _mem_axis(unit), bands=bands if _bands_visible(
                 bands, bounds) else [], markers=markers, vrules=vrules, height=180,
                 title=title, y_unit=unit))
+
+
+def _mib(v) -> str:
+    """Thresholds read in MiB, as the table writes them."""
+    return fmt.signal_value("memory_zone", v)
 
 
 def _union(a, b):
