@@ -14,6 +14,7 @@ from gpuwatch.monitoring.cli import alerts as alerts_command
 from gpuwatch.monitoring.cli import dashboards as dashboards_command
 from gpuwatch.thresholds.cli import thresholds as thresholds_command
 from gpuwatch.views.cli import report as report_command
+from gpuwatch.views.cli import status as status_command
 
 SCENARIO_NAMES = ("steady", "leak", "fragmentation", "mixed", "large")
 
@@ -46,6 +47,7 @@ main.add_command(dashboards_command)
 main.add_command(alerts_command)
 main.add_command(thresholds_command)
 main.add_command(report_command)
+main.add_command(status_command)
 
 
 @main.command()

@@ -49,3 +49,56 @@ def report(recording, output, config_file, thresholds_file, no_actions) -> None:
         _fail(f"-o {output}: {exc.strerror or exc}")
     click.echo(f"wrote {output} ({len(page) / 1024:.0f} KiB) in "
                f"{time.monotonic() - started:.1f} s", err=True)
+
+
+@click.command()
+@click.argument("url", required=False)
+@click.option("--watch", type=click.FloatRange(min=0.5), metavar="N",
+              help="Refresh every N seconds until interrupted.")
+@click.option("--plain", is_flag=True, help="Plain text even on a terminal.")
+def status(url, watch, plain) -> None:
+    """One-screen summary of a running daemon (default http://127.0.0.1:PORT)."""
+    import time
+
+    from gpuwatch.config import DEFAULT_PORT
+    from gpuwatch.views import terminal
+
+    url = url or f"http://127.0.0.1:{DEFAULT_PORT}"
+    try:
+        terminal.check_url(url)
+    except ValueError as exc:
+        _fail(str(exc))
+    console = None if plain or not sys.stdout.isatty() else _rich_console()
+
+    def show() -> bool:
+        try:
+            summary = terminal.summarize(terminal.fetch_state(url), url)
+        except terminal.StatusError as exc:
+            click.echo(f"gpuwatch: {exc}", err=True)
+            return False
+        if console is not None:
+            if watch:
+                console.clear()
+            terminal.render_rich(summary, console)
+        else:
+            sys.stdout.write(terminal.render_plain(summary))
+            sys.stdout.flush()
+        return True
+
+    if not watch:
+        sys.exit(0 if show() else 1)
+    try:
+        while True:
+            show()
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+def _rich_console():
+    """rich's console when rich is installed (the `status` extra); else plain text."""
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console(highlight=False)

@@ -68,3 +68,15 @@ def signal_value(signal: str, v) -> str:
     if fmt is not None:
         return fmt(v)
     return f"{v:.6g}" if _ok(v) else DASH
+
+
+def place(uuid, pid, engine, gpu_labels: dict, names: dict) -> str:
+    """'GPU 0 · pid 4242 (python3) · engine vllm-0' for an event or an action's subject."""
+    parts = []
+    if uuid:
+        parts.append(str(gpu_labels.get(uuid, uuid)))
+    if pid is not None:
+        parts.append(f"pid {pid}" + (f" ({names[pid]})" if names.get(pid) else ""))
+    if engine:
+        parts.append(f"engine {engine}")
+    return " · ".join(parts) or DASH

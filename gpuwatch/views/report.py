@@ -367,15 +367,8 @@ def _where(ev, gpus: dict[str, GpuView], names: dict[int, str]) -> str:
 
 
 def _place(uuid, pid, engine, gpus: dict[str, GpuView], names: dict[int, str]) -> str:
-    parts = []
-    if uuid:
-        g = gpus.get(uuid)
-        parts.append(f"GPU {g.index} {g.name}" if g else str(uuid))
-    if pid is not None:
-        parts.append(f"pid {pid}" + (f" ({names[pid]})" if pid in names else ""))
-    if engine:
-        parts.append(f"engine {engine}")
-    return " · ".join(parts) or fmt.DASH
+    labels = {u: f"GPU {g.index} {g.name}" for u, g in gpus.items()}
+    return fmt.place(uuid, pid, engine, labels, names)
 
 
 def _rel(t: float, t0: float) -> str:
