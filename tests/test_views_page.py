@@ -90,8 +90,15 @@ def test_mixed_host_page(daemon, browser, hostile_engine, tmp_path):
     wait_until(lambda: any(e.get("kv_cache_hit_ratio") is not None
                            for e in d.state()["signals"]["engines"].values()), 30,
                what="a windowed KV hit ratio")
+    # one small file, nothing fetched from elsewhere
+    code, page = d.get("/")
+    assert code == 200 and len(page) < 100_000
+    assert not re.search(rb"""(?:src|href)\s*=\s*["']?(?:https?:)?//|@import|url\(""", page)
     browser.get(d.url + "/")
     wait_until(lambda: browser.count(".card.gpu") == 4, 15, what="4 GPU cards")
+    # the page's own requests: only api/state on this daemon
+    urls = browser.js("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert urls and all(u == d.url + "/api/state" for u in urls), urls
     state = d.state()
     models = [g["name"] for g in state["sample"]["gpus"]]
     assert len(set(models)) == 4

@@ -86,6 +86,7 @@ class GpuView:
     thresholds: dict[str, float] = field(default_factory=dict)
     row: str = ""
     calibrated: bool | None = None
+    planned_max: float = 0.0  # an engine's pre-allocated pool, at its largest
 
 
 @dataclass
@@ -143,6 +144,8 @@ class Collector:
                 view.used.add(t, g.memory_used_bytes)
                 judged = getattr(sig, "unplanned_memory_bytes", None)
                 view.judged.add(t, judged if judged is not None else g.memory_used_bytes)
+                if judged is not None:
+                    view.planned_max = max(view.planned_max, g.memory_used_bytes - judged)
             if sig is not None and sig.thresholds:
                 view.thresholds = dict(sig.thresholds)
                 view.row, view.calibrated = sig.threshold_row, sig.threshold_calibrated
@@ -482,7 +485,9 @@ def _series_plot(c: Collector, sv: SeriesView) -> str:
     g = c.gpus.get(uuid)
     bounds = _union(sv.mem.bounds(), sv.judged.bounds() if sv.judged else None)
     bands = []
-    if g is not None and bounds and g.thresholds and pid is not None:
+    # The GPU's zones, for scale; not where an engine's planned pool makes a process's own
+    # memory incomparable with them (the zone judges the memory outside the pool).
+    if g is not None and bounds and g.thresholds and pid is not None and not g.planned_max:
         bands = _zone_bands(g.thresholds, g.total)
     title = (f"pid {pid} ({c.names.get(pid, '?')})" if pid is not None else sv.label)
     unit = _mem_unit(bounds[1] - bounds[0] if bounds else 0)
