@@ -83,10 +83,8 @@ def rendered(browser: Browser, css: str) -> list[str]:
     return [t for t in browser.text(css) if t.strip()]
 
 
-def test_mixed_host_page(daemon, browser, hostile_engine, tmp_path):
-    dead = f"http://127.0.0.1:{free_port()}/metrics"
-    d = daemon("--simulate", "mixed", "--engine", hostile_engine, "--engine", dead,
-               config_toml=FAST)
+def test_mixed_host_page(daemon, browser, tmp_path):
+    d = daemon("--simulate", "mixed", config_toml=FAST)
     wait_until(lambda: any(e.get("kv_cache_hit_ratio") is not None
                            for e in d.state()["signals"]["engines"].values()), 30,
                what="a windowed KV hit ratio")
@@ -126,19 +124,6 @@ def test_mixed_host_page(daemon, browser, hostile_engine, tmp_path):
     assert re.fullmatch(r"\d+ %", shown), shown
     assert abs(int(shown.split()[0]) - 100 * sim["kv_cache_hit_ratio"]) <= 3
 
-    # a dead engine is down, with its reason, and a degraded source shows why
-    def dead_row():
-        rows = [t for t in rendered(browser, "tr[data-engine]") if "down" in t]
-        return rows or None
-    row = wait_until(dead_row, 20, what="the dead engine's row")[0]
-    assert "refused" in row.lower() or "connect" in row.lower(), row
-
-    # markup from an engine is shown as text, never run
-    wait_until(lambda: any(HOSTILE_MODEL in t for t in rendered(browser, "tr[data-engine]")),
-               20, what="the hostile engine's row")
-    assert browser.count("main img") == 0
-    assert browser.js("return document.title") == "gpuwatch"
-
     # no layout jumps: the GPU cards stay where they are across refreshes
     def boxes():
         return browser.js("return [...document.querySelectorAll('.card.gpu')].map(c => {"
@@ -155,6 +140,29 @@ def test_mixed_host_page(daemon, browser, hostile_engine, tmp_path):
     wait_until(lambda: rendered(browser, ".banner.stale"), 15, what="the stale banner")
     assert "cannot refresh" in rendered(browser, ".banner.stale")[0]
     assert browser.count(".card.gpu") == 4
+
+
+def test_degraded_and_hostile_engines(daemon, browser, hostile_engine):
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    d = daemon("--simulate", "steady", "--engine", hostile_engine, "--engine", dead,
+               config_toml=FAST)
+    browser.get(d.url + "/")
+    wait_until(lambda: browser.count(".card.gpu") == 2, 15, what="2 GPU cards")
+
+    # a dead engine is down, with its reason, and the degraded source says why
+    def dead_row():
+        rows = [t for t in rendered(browser, "tr[data-engine]") if "down" in t]
+        return rows or None
+    row = wait_until(dead_row, 20, what="the dead engine's row")[0]
+    assert "refused" in row.lower() or "connect" in row.lower(), row
+    banners = rendered(browser, "#banners .banner")
+    assert any("is down" in b and dead.split("//")[1].split("/")[0] in b for b in banners)
+
+    # markup from an engine is shown as text, never run
+    wait_until(lambda: any(HOSTILE_MODEL in t for t in rendered(browser, "tr[data-engine]")),
+               20, what="the hostile engine's row")
+    assert browser.count("main img") == 0
+    assert browser.js("return document.title") == "gpuwatch"
 
 
 def test_leak_page_shows_pid_rate_time_to_oom_and_action(daemon, browser, tmp_path):
