@@ -9,33 +9,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from gpuwatch.sources.simulate.engine_text import vllm_exposition
 from tests.browser import Browser
-from tests.helpers import free_port, wait_until
+from tests.helpers import FAST_LEAK_TOML, StaticServer, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
-# The life cycle in seconds instead of minutes, so the simulated leak is judged in the test.
-FAST = """
-[nvml]
-fast_interval_seconds = 1.0
-
-[signals.leak]
-confirm_seconds = 5
-critical_window_seconds = 10
-
-[signals.leak.lifecycle]
-loading_settle_seconds = 3
-warmup_settle_seconds = 5
-warmup_max_seconds = 15
-"""
 HOSTILE_MODEL = "<img src=x onerror=document.title='owned'>"
 
 
@@ -58,25 +42,10 @@ def browser():
 @pytest.fixture
 def hostile_engine():
     """A vLLM-like /metrics endpoint whose model label is markup."""
-    body = vllm_exposition(3600.0, HOSTILE_MODEL).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
+    server = StaticServer(vllm_exposition(3600.0, HOSTILE_MODEL).encode(),
+                          "text/plain; version=0.0.4")
+    yield server.url + "/metrics"
+    server.close()
 
 
 def rendered(browser: Browser, css: str) -> list[str]:
@@ -84,7 +53,7 @@ def rendered(browser: Browser, css: str) -> list[str]:
 
 
 def test_mixed_host_page(daemon, browser, tmp_path):
-    d = daemon("--simulate", "mixed", config_toml=FAST)
+    d = daemon("--simulate", "mixed", config_toml=FAST_LEAK_TOML)
     wait_until(lambda: any(e.get("kv_cache_hit_ratio") is not None
                            for e in d.state()["signals"]["engines"].values()), 30,
                what="a windowed KV hit ratio")
@@ -145,7 +114,7 @@ def test_mixed_host_page(daemon, browser, tmp_path):
 def test_degraded_and_hostile_engines(daemon, browser, hostile_engine):
     dead = f"http://127.0.0.1:{free_port()}/metrics"
     d = daemon("--simulate", "steady", "--engine", hostile_engine, "--engine", dead,
-               config_toml=FAST)
+               config_toml=FAST_LEAK_TOML)
     browser.get(d.url + "/")
     wait_until(lambda: browser.count(".card.gpu") == 2, 15, what="2 GPU cards")
 
@@ -166,13 +135,11 @@ def test_degraded_and_hostile_engines(daemon, browser, hostile_engine):
 
 
 def test_leak_page_shows_pid_rate_time_to_oom_and_action(daemon, browser, tmp_path):
-    d = daemon("--simulate", "leak", config_toml=FAST)
+    d = daemon("--simulate", "leak", config_toml=FAST_LEAK_TOML)
     browser.get(d.url + "/")
     wait_until(lambda: browser.count(".card.gpu") == 1, 15, what="the GPU card")
-    # before detection the leaking process is listed without a rate
     row = "tr.proc[data-pid='41000']"
     assert browser.count(row) == 1
-    assert browser.count(row + ".leak") == 0
 
     def detected():
         return browser.count(row + ".leak") == 1

@@ -6,15 +6,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pexpect
 import pytest
 
 from gpuwatch.views import terminal
-from tests.helpers import REPO, child_env, free_port, wait_until
-from tests.test_views_page import FAST
+from tests.helpers import FAST_LEAK_TOML, REPO, StaticServer, child_env, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -26,7 +23,7 @@ def status(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_watch_in_a_terminal_shows_the_leak_in_colour(daemon):
-    d = daemon("--simulate", "leak", config_toml=FAST)
+    d = daemon("--simulate", "leak", config_toml=FAST_LEAK_TOML)
     child = pexpect.spawn(sys.executable, ["-m", "gpuwatch", "status", d.url, "--watch", "1"],
                           env=child_env(TERM="xterm-256color"), cwd=str(REPO),
                           dimensions=(40, 160), encoding="utf-8", timeout=90)
@@ -51,7 +48,7 @@ def test_watch_in_a_terminal_shows_the_leak_in_colour(daemon):
 
 
 def test_plain_in_a_pipe(daemon):
-    d = daemon("--simulate", "mixed", config_toml=FAST)
+    d = daemon("--simulate", "mixed", config_toml=FAST_LEAK_TOML)
     wait_until(lambda: any(e.get("kv_cache_hit_ratio") is not None
                            for e in d.state()["signals"]["engines"].values()), 30,
                what="a windowed KV hit ratio")
@@ -86,22 +83,9 @@ def test_errors_are_one_line():
 
 @pytest.fixture
 def junk_server():
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b"<html>not a daemon</html>"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    server = StaticServer(b"<html>not a daemon</html>", "text/html")
+    yield server.url
+    server.close()
 
 
 def test_something_else_answering(junk_server):
