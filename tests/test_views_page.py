@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 from gpuwatch.sources.simulate.engine_text import vllm_exposition
 from tests.browser import Browser
-from tests.helpers import FAST_LEAK_TOML, StaticServer, free_port, wait_until
+from tests.helpers import FAST_LEAK_TOML, StaticServer, child_env, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -134,8 +136,19 @@ def test_degraded_and_hostile_engines(daemon, browser, hostile_engine):
     assert browser.js("return document.title") == "gpuwatch"
 
 
+def test_without_a_driver_the_page_says_why(daemon, browser):
+    d = daemon()  # this machine has no NVIDIA driver
+    browser.get(d.url + "/")
+    banner = wait_until(lambda: rendered(browser, "#banners .banner"), 15, what="a banner")
+    assert any(b.startswith("source nvml is down: NVML") for b in banner), banner
+    assert rendered(browser, "#gpus") == ["no GPU sampled yet"]
+
+
 def test_leak_page_shows_pid_rate_time_to_oom_and_action(daemon, browser, tmp_path):
-    d = daemon("--simulate", "leak", config_toml=FAST_LEAK_TOML)
+    config = tmp_path / "fast.toml"
+    config.write_text(FAST_LEAK_TOML)
+    recording = tmp_path / "leak.jsonl"
+    d = daemon("--simulate", "leak", "--config", str(config), "--record", str(recording))
     browser.get(d.url + "/")
     wait_until(lambda: browser.count(".card.gpu") == 1, 15, what="the GPU card")
     row = "tr.proc[data-pid='41000']"
@@ -164,3 +177,26 @@ def test_leak_page_shows_pid_rate_time_to_oom_and_action(daemon, browser, tmp_pa
     assert re.search(r"\bok\b", action), action
     time.sleep(1)
     keep_screenshot(browser, tmp_path, "status-leak.png")
+
+    # dark mode: the page follows the browser's colour scheme
+    dark = Browser(dark=True)
+    try:
+        dark.get(d.url + "/")
+        wait_until(lambda: dark.count(row + ".leak") == 1, 15, what="the leak, in dark mode")
+        bg = dark.js("return getComputedStyle(document.body).backgroundColor")
+        rgb = [int(x) for x in re.findall(r"\d+", bg)[:3]]
+        assert sum(rgb) < 120, bg
+        keep_screenshot(dark, tmp_path, "status-leak-dark.png")
+    finally:
+        dark.close()
+
+    # the report of what this daemon recorded finds the same leak
+    d.stop()
+    out = tmp_path / "leak.html"
+    res = subprocess.run([sys.executable, "-m", "gpuwatch", "report", str(recording), "-o",
+                          str(out), "--config", str(config)], capture_output=True, text=True,
+                         env=child_env(), timeout=120)
+    assert res.returncode == 0, res.stderr
+    browser.get(out.as_uri())
+    leaks = [r for r in rendered(browser, "#findings tr.finding") if "memory_leak" in r]
+    assert len(leaks) == 1 and "pid 41000 (leaky-worker)" in leaks[0], leaks
