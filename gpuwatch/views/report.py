@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass, field
 from html import escape
 from statistics import median
-from typing import Any
 
 import msgspec
 
@@ -24,7 +23,8 @@ from gpuwatch.signals.memory import MemoryAnalyzer
 from gpuwatch.views import fmt
 from gpuwatch.views.svg import Envelope, Line, Marker, chart
 
-MAX_PROCESS_PLOTS = 24
+MAX_PROCESS_PLOTS = 12  # per GPU: those with findings first, then the largest
+MAX_FLOOR_POINTS = 4000
 MAX_EVENT_ROWS = 400
 SEV_COLOR = {"warning": "var(--warn)", "critical": "var(--crit)"}
 C_USED, C_JUDGED, C_FLOOR, C_TREND = "#8a94a3", "var(--accent)", "#e8590c", "#ae3ec9"
@@ -71,8 +71,6 @@ class SeriesView:
     trends: list[Trend] = field(default_factory=list)
     last_t: float = 0.0
     peak: float = 0.0
-    _npoints: int = 0
-    _series: Any = None
 
 
 @dataclass
@@ -191,14 +189,14 @@ class Collector:
             if sv.judged is None:
                 sv.judged = self._env()
             sv.judged.add(t, samples[-1][1])
-        if series is not sv._series:
-            sv._series, sv._npoints = series, 0
         trend = getattr(series, "trend", None)
         pts = getattr(trend, "points", None)
         if pts is None:
             return
         if len(pts) and (not sv.floor or pts[-1][0] > sv.floor[-1][0]):
             sv.floor.append(pts[-1])
+            if len(sv.floor) > MAX_FLOOR_POINTS:  # one per bucket: thin out, stay bounded
+                sv.floor = sv.floor[::2]
 
     def _follow_gpu(self, sv: SeriesView, pipeline, t: float) -> None:
         series = _leak_series(pipeline, sv.key[0], None)
