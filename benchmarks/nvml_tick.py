@@ -1,6 +1,7 @@
-"""Fast-tier tick per GPU against the raw NVML calls it makes (needs a GPU).
+"""Fast-tier tick per GPU against the raw NVML calls it makes, and the slow tier's cost per
+collector (MIG mode, field values, fabric, GPM, per-process utilization) (needs a GPU).
 
-    python -m benchmarks.nvml_tick [--iterations 2000] [--json OUT]
+    python -m benchmarks.nvml_tick [--iterations 2000] [--slow-iterations 200] [--json OUT]
 """
 
 from __future__ import annotations
@@ -48,9 +49,28 @@ def timed(fn, n: int) -> list[float]:
     return out
 
 
+def slow_tier_costs(backend: NvmlBackend, n: int) -> dict:
+    """Median µs per read of each slow-tier collector on GPU 0, after a first read that
+    settles what the GPU supports; and the whole slow read (PCIe's 20 ms samples included)."""
+    from gpuwatch.sources.gpu_depth.mig import read_mig
+
+    dev = backend.devices[0]
+    readers = {"mig_mode": lambda: read_mig(dev)}
+    readers.update({c.name: (lambda c=c: c.read(dev)) for c in dev.collectors})
+    for fn in readers.values():
+        fn()
+    out = {name: statistics.median(timed(fn, n)) * 1e6 for name, fn in readers.items()}
+    out = {k: round(v, 1) for k, v in out.items()}
+    out["unsupported"] = sorted(dev.unsupported)
+    whole = timed(lambda: backend.sample_slow(time.time()), max(5, n // 20))
+    out["sample_slow_ms_median"] = round(statistics.median(whole) * 1e3, 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=2000)
+    ap.add_argument("--slow-iterations", type=int, default=200)
     ap.add_argument("--json")
     args = ap.parse_args()
     backend = NvmlBackend(xid_events=True)
@@ -76,6 +96,7 @@ def main() -> None:
         "raw_per_gpu_us_p99": sorted(raw)[int(0.99 * len(raw))] / gpus * 1e6,
     }
     res["ratio_median"] = res["tick_per_gpu_us_median"] / res["raw_per_gpu_us_median"]
+    res["slow_tier"] = slow_tier_costs(backend, args.slow_iterations)
     backend.close()
     emit(res, args.json)
 

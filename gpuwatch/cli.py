@@ -26,13 +26,18 @@ def _setup_logging(level: str) -> None:
         stream=sys.stderr,
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    from gpuwatch.redact import install_log_filter
+
+    install_log_filter()  # no handler writes a configured secret or URL credentials
 
 
 def _load(config_file: str | None, overrides: dict) -> config_mod.Config:
     try:
         return config_mod.load(config_file, overrides=overrides)
     except config_mod.ConfigError as exc:
-        click.echo(f"gpuwatch: configuration error: {exc}", err=True)
+        from gpuwatch.redact import scrub_text
+
+        click.echo(f"gpuwatch: configuration error: {scrub_text(str(exc))}", err=True)
         sys.exit(2)
 
 
@@ -66,21 +71,38 @@ main.add_command(status_command)
 @click.option("--events-log", type=click.Path(dir_okay=False),
               help="Append every event as a JSON line to this file.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--web-config", type=click.Path(dir_okay=False),
+              help="TLS / client certificates / basic auth for every endpoint, in the "
+                   "Prometheus exporter-toolkit web-config format.")
 def run(config_file, listen, simulate, seed, record, dry_run, engine_urls, events_log,
-        log_level) -> None:
+        log_level, web_config) -> None:
     """Run the daemon."""
     overrides: dict = {"listen": listen, "simulate": simulate, "seed": seed, "record": record,
-                       "events_log": events_log, "log_level": log_level}
+                       "events_log": events_log, "log_level": log_level,
+                       "web_config": web_config}
     if dry_run:
         overrides["remediation"] = {"dry_run": True}
     if engine_urls:
         overrides["engines"] = _engines_from_flags(config_file, engine_urls)
     cfg = _load(config_file, overrides)
+    web = _load_web_config(cfg.web_config)
     _setup_logging(cfg.log_level)
     from gpuwatch.daemon import Daemon
 
-    daemon = Daemon(cfg, config_path=config_file, overrides=overrides)
+    daemon = Daemon(cfg, config_path=config_file, overrides=overrides, web=web)
     sys.exit(asyncio.run(daemon.run()))
+
+
+def _load_web_config(path: str):
+    if not path:
+        return None
+    from gpuwatch import webconfig
+
+    try:
+        return webconfig.load(path)
+    except webconfig.WebConfigError as exc:
+        click.echo(f"gpuwatch: --web-config: {exc}", err=True)
+        sys.exit(2)
 
 
 def _engines_from_flags(config_file: str | None, urls: tuple[str, ...]) -> list[dict]:

@@ -11,6 +11,7 @@ import msgspec
 
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
 from gpuwatch.probe_channel.config import ProbeConfig
+from gpuwatch.redact import config_for_display
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
 from gpuwatch.signals.config import SignalsConfig
 from gpuwatch.tomlfile import explain, read_toml
@@ -41,8 +42,16 @@ class ThresholdsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     file: str = ""
 
 
+class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # /api/state shows process names, pids and the (masked) configuration; off: 404.
+    api_state: bool = True
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     listen: str = f":{DEFAULT_PORT}"
+    # TLS, client certificates and basic auth, in the Prometheus exporter-toolkit format.
+    web_config: str = ""
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     log_level: str = "info"
     record: str = ""
     simulate: str = ""
@@ -165,12 +174,4 @@ def load(
 
 def to_dict(config: Config) -> dict[str, Any]:
     """Plain data for /api/state, with secrets masked."""
-    data = msgspec.to_builtins(config)
-    if data.get("webhook", {}).get("token"):
-        data["webhook"]["token"] = "***"
-    for eng in data.get("engines", []):
-        if eng.get("bearer_token"):
-            eng["bearer_token"] = "***"
-        if eng.get("headers"):
-            eng["headers"] = {k: "***" for k in eng["headers"]}
-    return data
+    return config_for_display(config)

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ import msgspec
 from aiohttp import web
 
 from gpuwatch import config as config_mod
+from gpuwatch import redact, webconfig
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.exporter.app import make_app
@@ -41,8 +43,12 @@ RECENT_EVENTS = 200
 
 class Daemon:
     def __init__(self, cfg: Config, config_path: str | None = None,
-                 overrides: dict[str, Any] | None = None) -> None:
+                 overrides: dict[str, Any] | None = None,
+                 web: webconfig.WebConfig | None = None) -> None:
+        redact.remember(cfg)
         self.config = cfg
+        self.web = web
+        self.guard: webconfig.Guard | None = None
         self.config_path = config_path
         self.overrides = overrides or {}
         self.host = socket.gethostname()
@@ -133,7 +139,7 @@ class Daemon:
         if self._events_log is None:
             return
         try:
-            self._events_log.write(to_json(ev) + "\n")
+            self._events_log.write(redact.scrub_text(to_json(ev)) + "\n")
             self._events_log.flush()
         except OSError as exc:
             log.error("events log stopped: %s", exc)
@@ -205,10 +211,11 @@ class Daemon:
         except ConfigError as exc:
             log.error("configuration reload rejected, keeping the current one: %s", exc)
             return False
+        redact.remember(new)
         old, self.config = self.config, new
-        if new.listen != old.listen:
-            log.warning("listen address changes need a restart; still serving on %s",
-                        old.listen)
+        if (new.listen, new.web_config) != (old.listen, old.web_config):
+            log.warning("listen address and web_config changes need a restart; still serving "
+                        "on %s", old.listen)
         if (new.signals, new.thresholds) != (old.signals, old.thresholds):
             try:
                 self.pipeline = Pipeline.from_config(new)
@@ -220,6 +227,8 @@ class Daemon:
                 log.info("signals rebuilt from the new configuration (windows restart)")
         if (new.engines, new.discovery) != (old.engines, old.discovery):
             self._start_engines()
+        if self.guard is not None and new.web_config == old.web_config:
+            self._reload_web(new.web_config)
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             try:
@@ -231,6 +240,18 @@ class Daemon:
                     self.config, remediation=old.remediation, webhook=old.webhook)
         log.info("configuration reloaded")
         return True
+
+    def _reload_web(self, path: str) -> None:
+        try:
+            wc = webconfig.load(path)
+            restart = self.guard.update(wc)
+        except (webconfig.WebConfigError, ssl.SSLError, OSError) as exc:
+            log.error("web config reload rejected, keeping the current one: %s", exc)
+            return
+        if restart:
+            log.warning("web config: %s changes need a restart", ", ".join(restart))
+        else:
+            log.info("web config reloaded")
 
     # -- running ----------------------------------------------------------------------
     def _open_outputs(self) -> None:
@@ -252,15 +273,29 @@ class Daemon:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
         try:
+            if self.web is None and self.config.web_config:
+                self.web = webconfig.load(self.config.web_config)
+            if self.web is not None:
+                self.guard = webconfig.Guard(self.web)
+        except webconfig.WebConfigError as exc:
+            log.error("%s", exc)
+            return 2
+        try:
             self.remediator = self._make_remediator()
         except (ValueError, OSError) as exc:
             log.error("remediation: %s", exc)
             return 2
-        app = make_app(lambda: self.snapshot, self.renderer,
-                       extra_routes=self.remediator.routes())
+        routes = self.remediator.routes()
+        tls = None
+        if self.guard is not None:
+            self.guard.bearer = frozenset(r.path for r in routes)  # they check their own token
+            tls = self.guard.context
+        app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
+                       guard=self.guard)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True)
+        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True,
+                           ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
@@ -268,8 +303,12 @@ class Daemon:
             await runner.cleanup()
             await self.remediator.close()
             return 2
-        log.info("serving on http://%s:%d/ (backend: %s)", host or "0.0.0.0", port,
-                 self.backend.name)
+        log.info("serving on %s://%s:%d/ (backend: %s%s)", "https" if tls else "http",
+                 host or "0.0.0.0", port, self.backend.name,
+                 ", basic auth" if self.web is not None and self.web.users else "")
+        if self.web is not None and self.web.users and tls is None:
+            log.warning("basic auth without tls_server_config: passwords cross the network "
+                        "in clear")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)

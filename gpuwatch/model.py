@@ -23,6 +23,16 @@ class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     container: str = ""
 
 
+class ProcessUtilization(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One process's share of a GPU over the last sample period (time-sliced sharing)."""
+
+    pid: int
+    sm_ratio: float | None = None
+    memory_ratio: float | None = None
+    encoder_ratio: float | None = None
+    decoder_ratio: float | None = None
+
+
 class GpuSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     index: int
     uuid: str
@@ -54,6 +64,28 @@ class GpuSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     energy_joules_total: float | None = None
     pcie_tx_bytes_per_second: float | None = None
     pcie_rx_bytes_per_second: float | None = None
+    # MIG: a physical GPU says whether MIG is on; each MIG instance is sampled as a GPU of its
+    # own (its "MIG-..." uuid, its own memory and processes) that names its parent.
+    mig_mode: bool | None = None
+    mig_parent_uuid: str = ""
+    mig_instance: str = ""  # "gi<G>/ci<C>"
+    mig_profile: str = ""  # "1g.10gb"
+    # GPM (Hopper and newer), over the slow tier's interval: ratios 0-1, bytes per second.
+    gpm_sm_active_ratio: float | None = None
+    gpm_sm_occupancy_ratio: float | None = None
+    gpm_tensor_active_ratio: float | None = None
+    gpm_dram_bandwidth_ratio: float | None = None
+    gpm_pcie_tx_bytes_per_second: float | None = None
+    gpm_pcie_rx_bytes_per_second: float | None = None
+    gpm_nvlink_tx_bytes_per_second: float | None = None
+    gpm_nvlink_rx_bytes_per_second: float | None = None
+    # NVLink, fabric and the driver's recommended recovery action (slow tier).
+    nvlink_links_active: int | None = None
+    nvlink_errors_total: dict[str, int] = {}  # crc | replay | recovery, summed over links
+    fabric_state: str = ""  # not_started | in_progress | completed
+    fabric_healthy: bool | None = None
+    recovery_action: int | None = None  # nvmlDeviceGpuRecoveryAction_t
+    process_utilization: list[ProcessUtilization] = []
     processes: list[ProcessSample] = []
 
 

@@ -4,6 +4,7 @@ classes are the real ones, so the backend's error handling is exercised as writt
 from __future__ import annotations
 
 import collections
+import ctypes
 from types import SimpleNamespace
 
 import pynvml
@@ -24,7 +25,32 @@ class FakeGpu:
         self.used = 10 * GIB
         self.reserved = 512 * 1024**2
         self.processes: list[SimpleNamespace] = []
+        # MIG: None = the GPU has no MIG (NotSupported); else the slots, None = empty slot.
+        self.mig_slots: list[FakeMig | None] | None = None
+        self.mig_enabled = False
+        self.gpm_supported = False
+        self.gpm_values: dict[int, float] = {}
+        # field id -> value (absent: NVML_ERROR_NOT_SUPPORTED for that value)
+        self.field_values: dict[int, int] = {}
+        self.nvlink_states: list[int] | None = None  # None: no NVLink
+        self.fabric: tuple[int, int, int] | None = None  # (state, status, healthMask)
+        self.process_util: list[SimpleNamespace] = []
         # field name -> exception (or callable returning one) raised by that call
+        self.fail: dict[str, Exception] = {}
+
+
+class FakeMig:
+    """A MIG device handle: what NVML answers for it."""
+
+    def __init__(self, parent: FakeGpu, gi: int, ci: int, profile: str, total: int) -> None:
+        self.index = parent.index
+        self.uuid = f"MIG-fake-{parent.index}-{gi}-{ci}"
+        self.name = f"{parent.name} MIG {profile}"
+        self.gi, self.ci = gi, ci
+        self.total = total
+        self.used = 0
+        self.reserved = 0
+        self.processes: list[SimpleNamespace] = []
         self.fail: dict[str, Exception] = {}
 
 
@@ -74,8 +100,103 @@ class FakeNvml:
                 return f.events.pop(0)
             raise err(P.NVML_ERROR_TIMEOUT)
 
+        def mig_mode(h):
+            f._call("mig_mode", h)
+            if h.mig_slots is None:
+                raise err(P.NVML_ERROR_NOT_SUPPORTED)
+            return [1 if h.mig_enabled else 0, 1 if h.mig_enabled else 0]
+
+        def mig_handle(h, i):
+            f._call("mig_handle", h)
+            if h.mig_slots is None or i >= len(h.mig_slots):
+                raise err(P.NVML_ERROR_INVALID_ARGUMENT)
+            if h.mig_slots[i] is None:
+                raise err(P.NVML_ERROR_NOT_FOUND)
+            return h.mig_slots[i]
+
+        def gpm_support(h):
+            f._call("gpm_support", h)
+            return SimpleNamespace(isSupportedDevice=1 if h.gpm_supported else 0)
+
+        samples: dict[int, FakeGpu] = {}
+        buffers: list = []
+
+        def address(ptr) -> int:
+            return ctypes.cast(ptr, ctypes.c_void_p).value
+
+        def gpm_alloc():
+            buffers.append(ctypes.create_string_buffer(8))  # kept alive: a real address
+            return ctypes.cast(buffers[-1], P.c_nvmlGpmSample_t)
+
+        def gpm_sample_get(h, sample):
+            f._call("gpm_sample", h)
+            samples[address(sample)] = h
+            return sample
+
+        def gpm_metrics_get(get):
+            h = samples[address(get.sample2)]
+            for i in range(get.numMetrics):
+                m = get.metrics[i]
+                if m.metricId in h.gpm_values:
+                    m.value = h.gpm_values[m.metricId]
+                    m.nvmlReturn = P.NVML_SUCCESS
+                else:
+                    m.nvmlReturn = P.NVML_ERROR_NOT_SUPPORTED
+            return get
+
+        def field_values(h, ids):
+            f._call("field_values", h)
+            out = []
+            for fid in ids:
+                if fid in h.field_values:
+                    out.append(SimpleNamespace(
+                        fieldId=fid, nvmlReturn=P.NVML_SUCCESS,
+                        valueType=P.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                        value=SimpleNamespace(ullVal=h.field_values[fid], uiVal=0)))
+                else:
+                    out.append(SimpleNamespace(fieldId=fid,
+                                               nvmlReturn=P.NVML_ERROR_NOT_SUPPORTED))
+            return out
+
+        def nvlink_state(h, link):
+            f._call("nvlink_state", h)
+            if h.nvlink_states is None:
+                raise err(P.NVML_ERROR_NOT_SUPPORTED)
+            if link >= len(h.nvlink_states):
+                raise err(P.NVML_ERROR_INVALID_ARGUMENT)
+            return h.nvlink_states[link]
+
+        def fabric_info(h, ref):
+            f._call("fabric", h)
+            info = ref._obj
+            state, status, mask = h.fabric or (P.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, 0, 0)
+            info.state, info.status, info.healthMask = state, status, mask
+            return P.NVML_SUCCESS
+
+        def process_util(h, since):
+            f._call("process_util", h)
+            new = [s for s in h.process_util if s.timeStamp > since]
+            if not new:
+                raise err(P.NVML_ERROR_NOT_FOUND)
+            return new
+
         patches = {
             "nvmlInit": init,
+            "nvmlDeviceGetMigMode": mig_mode,
+            "nvmlDeviceGetMaxMigDeviceCount": simple(
+                "mig_count", lambda h: len(h.mig_slots or ())),
+            "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+            "nvmlDeviceGetGpuInstanceId": lambda h: h.gi,
+            "nvmlDeviceGetComputeInstanceId": lambda h: h.ci,
+            "nvmlGpmQueryDeviceSupport": gpm_support,
+            "nvmlGpmSampleAlloc": gpm_alloc,
+            "nvmlGpmSampleFree": lambda s: None,
+            "nvmlGpmSampleGet": gpm_sample_get,
+            "nvmlGpmMetricsGet": gpm_metrics_get,
+            "nvmlDeviceGetFieldValues": field_values,
+            "nvmlDeviceGetNvLinkState": nvlink_state,
+            "nvmlDeviceGetGpuFabricInfoV": fabric_info,
+            "nvmlDeviceGetProcessUtilization": process_util,
             "nvmlShutdown": lambda: None,
             "nvmlSystemGetDriverVersion": lambda: "580.159.03",
             "nvmlDeviceGetCount": lambda: len(f.gpus),

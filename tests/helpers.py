@@ -139,7 +139,9 @@ class Daemon(Proc):
 
 class Prometheus(Proc):
     def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s",
-                 rule_files=(), alertmanager_url: str | None = None, job: str = "gpuwatch"):
+                 rule_files=(), alertmanager_url: str | None = None, job: str = "gpuwatch",
+                 scrape: dict | None = None):
+        """scrape: more settings of the job (scheme, tls_config, basic_auth...)."""
         binary = require_binary("prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -148,7 +150,8 @@ class Prometheus(Proc):
         config = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": "1s",
                        "scrape_timeout": "1s" if scrape_interval == "1s" else "5s"},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}],
+                                **(scrape or {})}],
         }
         if rule_files:
             config["rule_files"] = [str(Path(f).resolve()) for f in rule_files]

@@ -144,6 +144,13 @@ def test_without_a_driver_the_page_says_why(daemon, browser):
     assert rendered(browser, "#gpus") == ["no GPU sampled yet"]
 
 
+def test_state_turned_off_is_said(daemon, browser):
+    d = daemon("--simulate", "steady", config_toml="[http]\napi_state = false\n")
+    browser.get(d.url + "/")
+    banner = wait_until(lambda: rendered(browser, ".banner.stale"), 15, what="a banner")
+    assert "HTTP 404" in banner[0] and "api_state = false" in banner[0], banner
+
+
 def test_leak_page_shows_pid_rate_time_to_oom_and_action(daemon, browser, tmp_path):
     config = tmp_path / "fast.toml"
     config.write_text(FAST_LEAK_TOML)

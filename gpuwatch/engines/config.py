@@ -8,6 +8,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from gpuwatch.redact import mask_url
+
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
@@ -23,17 +25,18 @@ _NAME_RE = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9_.:\[\]\-]{0,127}")
 
 def check_url(url: str) -> None:
     """Raise ValueError unless url is an absolute http(s) URL with a host."""
+    shown = mask_url(url)  # the message may be logged: never with its credentials
     try:
         parts = urlsplit(url)
         port = parts.port  # raises on a malformed port
     except ValueError as exc:
-        raise ValueError(f"url: {url!r} is not a valid URL ({exc})") from None
+        raise ValueError(f"url: {shown!r} is not a valid URL ({exc})") from None
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"url: {url!r} must start with http:// or https://")
+        raise ValueError(f"url: {shown!r} must start with http:// or https://")
     if not parts.hostname:
-        raise ValueError(f"url: {url!r} has no host")
+        raise ValueError(f"url: {shown!r} has no host")
     if port == 0:
-        raise ValueError(f"url: {url!r} has port 0")
+        raise ValueError(f"url: {shown!r} has port 0")
 
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -6,6 +6,7 @@ import ipaddress
 from urllib.parse import urlsplit, urlunsplit
 
 from gpuwatch.engines.config import EngineConfig, check_url
+from gpuwatch.redact import mask_url
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", ""}
 
@@ -56,7 +57,7 @@ def engine_from_url(url: str, name: str | None = None) -> EngineConfig:
     try:
         check_url(full)
     except ValueError as exc:
-        raise ValueError(f"--engine {url!r}: {str(exc).removeprefix('url: ')}") from None
+        raise ValueError(f"--engine {mask_url(url)!r}: {str(exc).removeprefix('url: ')}") from None
     return EngineConfig(name=name or endpoint_name(full), url=full)
 
 

@@ -12,14 +12,17 @@ from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.state_json import state_document
 from gpuwatch.views.page import status_page
+from gpuwatch.webconfig import Guard
 
 _json = msgspec.json.Encoder()
 
 
 def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = None,
-             extra_routes: Iterable[web.RouteDef] = ()) -> web.Application:
+             extra_routes: Iterable[web.RouteDef] = (), *,
+             guard: Guard | None = None) -> web.Application:
     """renderer: shared with the daemon, which renders each new state as it publishes it,
-    so a scrape only copies bytes."""
+    so a scrape only copies bytes. guard: basic auth and headers on every route, as a
+    middleware, so routes added later are covered too."""
     renderer = renderer or Renderer()
 
     async def metrics(request: web.Request) -> web.Response:
@@ -35,10 +38,14 @@ def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = N
         return web.Response(status=503, text="waiting for the first complete sample\n")
 
     async def api_state(request: web.Request) -> web.Response:
-        body = _json.encode(state_document(get_snapshot()))
+        snap = get_snapshot()
+        if snap.config is not None and not snap.config.http.api_state:
+            return web.Response(status=404, text="/api/state is off ([http] api_state = false)\n")
+        body = _json.encode(state_document(snap))
         return web.Response(body=body, content_type="application/json")
 
-    app = web.Application(client_max_size=1024 * 1024)
+    app = web.Application(client_max_size=1024 * 1024,
+                          middlewares=[guard.middleware] if guard is not None else [])
     app.add_routes([
         web.get("/metrics", metrics),
         web.get("/healthz", healthz),

@@ -7,13 +7,15 @@ from typing import Any
 import msgspec
 
 from gpuwatch import __version__
-from gpuwatch.config import to_dict
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.redact import config_for_display, scrub_json
 
 
 def state_document(snap: Snapshot) -> dict[str, Any]:
+    """The configuration is masked field by field; the whole document is then scrubbed of
+    the known secrets and URL userinfo, which source errors and event texts may quote."""
     derived = snap.derived
-    return {
+    doc = {
         "version": __version__,
         "ready": snap.ready,
         "started": snap.started,
@@ -34,5 +36,6 @@ def state_document(snap: Snapshot) -> dict[str, Any]:
         "extras": msgspec.to_builtins(
             {k: v for k, v in snap.extras.items() if k != "remediation"}
         ),
-        "config": to_dict(snap.config) if snap.config is not None else None,
+        "config": config_for_display(snap.config) if snap.config is not None else None,
     }
+    return msgspec.json.decode(scrub_json(msgspec.json.encode(doc)))

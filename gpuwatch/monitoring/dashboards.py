@@ -412,10 +412,28 @@ def gpu_detail(p: RuleParams | None = None) -> g.Dashboard:
             thresholds=steps(("green", None), ("red", 1)), maxDataPoints=None,
             extraJson={"fieldConfig": {"defaults": {"unit": "none"}}},
         ),
+        stat(grid, "Recovery action", "The driver's recommended recovery action (0 none; "
+             "see the runbook for the others).",
+             [(f"gpuwatch_gpu_recovery_action{{{GPU}}}", gl)], "none", w=8,
+             thresholds=steps(("green", None), ("red", 1)), color_mode="background"),
+        stat(grid, "NVLink errors /s", "CRC, replay and recovery errors over all links.",
+             [(f"sum by (instance, gpu) "
+               f"(rate(gpuwatch_gpu_nvlink_errors_total{{{GPU}}}[5m]))", gl)], "none", w=8,
+             thresholds=steps(("green", None), ("orange", 0.1))),
+        stat(grid, "Fabric healthy", "1 once NVLink fabric registration completed cleanly "
+             "(absent outside NVSwitch systems).",
+             [(f"gpuwatch_gpu_fabric_healthy{{{GPU}}}", gl)], "none", w=8,
+             thresholds=steps(("red", None), ("green", 1)), color_mode="background"),
         grid.row("Utilization, power, temperature"),
         timeseries(grid, "Utilization", "GPU busy time.",
                    [(f"gpuwatch_gpu_utilization_ratio{{{GPU}}}", gl)], "percentunit", w=8,
                    value_min=0, value_max=1),
+        timeseries(grid, "GPM activity", "Hopper and newer: SMs busy, tensor cores busy and "
+                   "DRAM bandwidth, over the slow-tier interval.",
+                   [(f"gpuwatch_gpu_sm_active_ratio{{{GPU}}}", f"{gl} SM active"),
+                    (f"gpuwatch_gpu_tensor_active_ratio{{{GPU}}}", f"{gl} tensor active"),
+                    (f"gpuwatch_gpu_dram_bandwidth_utilization_ratio{{{GPU}}}",
+                     f"{gl} DRAM bandwidth")], "percentunit", w=8, value_min=0, value_max=1),
         timeseries(grid, "Power", "Board power draw.",
                    [(f"gpuwatch_gpu_power_watts{{{GPU}}}", gl)], "watt", w=8),
         timeseries(grid, "Temperature", "GPU temperature.",

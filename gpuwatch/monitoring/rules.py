@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 
 MIB = 1024 * 1024
 RUNBOOK_URL = "https://github.com/gpuwatch/gpuwatch/blob/main/docs/runbook.md"
-# XIDs that Kubernetes' device plugin treats as application errors (the GPU is healthy).
-APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
 
 RULES_FILE = "gpuwatch.rules.yml"
 ALERTS_FILE = "gpuwatch.alerts.yml"
@@ -44,6 +42,8 @@ class RuleParams:
     queue_latency_quantile: str = "0.95"
     queue_latency_slo_seconds: float = 5.0
     preemptions_per_second: float = 0.1
+    # NVLink CRC/replay/recovery errors per second, summed over links
+    nvlink_errors_per_second: float = 0.1
     # PrometheusRule custom resource
     resource_name: str = "gpuwatch"
     resource_labels: dict[str, str] = field(
@@ -155,13 +155,13 @@ def _new_or_increased(metric: str, window: str) -> str:
 
 
 def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
+    from gpuwatch.monitoring.health_rules import hardware_alerts  # it builds on this module
+
     j = f'job="{p.job}"'
     ident = "{{ $labels.instance }} GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
     proc = ("process {{ $labels.process }} (pid {{ $labels.pid }}) on {{ $labels.instance }} "
             "GPU {{ $labels.gpu }}")
     eng = "engine {{ $labels.engine }} ({{ $labels.model }}) on {{ $labels.instance }}"
-    app_xids = "|".join(str(x) for x in APPLICATION_XIDS)
-    xid = f'gpuwatch_gpu_xid_errors_total{{{j},xid!~"{app_xids}"}}'
     ecc = f'gpuwatch_gpu_ecc_errors_total{{{j},type="uncorrected"}}'
     failed = f'gpuwatch_remediation_actions_total{{{j},result="failed"}}'
     leak_w, leak_c = _num(p.leak_warning_bytes_per_second), _num(p.leak_critical_bytes_per_second)
@@ -187,10 +187,6 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
               "A GPU has fallen off the bus.",
               f"{ident} is reported lost by the driver; its workloads have failed and it "
               "needs a reset or a reboot.", "1m"),
-        Alert("GpuwatchGpuXidError", _new_or_increased(xid, "10m"), "critical",
-              "A GPU reported a critical XID error.",
-              f"{ident} reported XID {{{{ $labels.xid }}}} in the last 10 minutes "
-              "(not one of the application-error XIDs).", "0m"),
         Alert("GpuwatchGpuEccUncorrectable", _new_or_increased(ecc, "10m"), "critical",
               "A GPU reported uncorrectable ECC errors.",
               f"{ident} counted uncorrectable (volatile) ECC errors in the last 10 minutes; "
@@ -275,7 +271,7 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
     ]
     return {
         "gpuwatch-exporter": exporter,
-        "gpuwatch-gpu-health": health,
+        "gpuwatch-gpu-health": health + hardware_alerts(p),
         "gpuwatch-gpu-memory": memory,
         "gpuwatch-engines": engines,
         "gpuwatch-remediation": remediation,

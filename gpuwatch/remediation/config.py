@@ -92,6 +92,9 @@ class SignalConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class ExecConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     enabled: bool = False
     argv: list[str] = []
+    # Indices of argv elements that are secrets (a token passed as an argument): masked in
+    # /api/state, logs, events and the audit log.
+    secret_args: list[int] = []
     timeout_seconds: PositiveFloat = 30.0
     # Extra environment for the command; the daemon's own environment is not passed on.
     env: dict[str, str] = {}
@@ -169,6 +172,10 @@ class RemediationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
                     raise ValueError(f"signal.allow[{i}].cmdline: {exc}") from None
         if self.exec.enabled and not self.exec.argv:
             raise ValueError("exec.argv: required when exec is enabled")
+        bad = [i for i in self.exec.secret_args if not 0 <= i < len(self.exec.argv)]
+        if bad:
+            raise ValueError(f"exec.secret_args: {bad} not an index of exec.argv "
+                             f"(0 to {len(self.exec.argv) - 1})")
         for i, ep in enumerate(self.flush.endpoints):
             if not ep.url.startswith(("http://", "https://")):
                 raise ValueError(f"flush.endpoints[{i}].url: must be http(s)://")

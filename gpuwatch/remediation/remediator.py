@@ -18,6 +18,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from gpuwatch import redact
 from gpuwatch.events import ActionEvent, Event
 from gpuwatch.remediation import targets
 from gpuwatch.remediation.audit import AuditLog
@@ -80,6 +81,7 @@ class Remediator:
     def __init__(self, config: RemediationConfig, webhook: WebhookConfig, *, probe_dir: str,
                  table: Any = None, dry_run: bool = False, clock=time.time) -> None:
         webhook.check_against(config)  # routes may only name enabled hooks
+        _remember_secrets(config, webhook)
         self.config = config
         self.webhook_config = webhook
         self.probe_dir = probe_dir
@@ -141,6 +143,7 @@ class Remediator:
         webhook's memory of alerts. Raises ValueError / OSError and changes nothing when
         the new settings cannot be used."""
         webhook.check_against(config)
+        _remember_secrets(config, webhook)
         audit = self.audit
         path = _audit_path(config)
         if (path, config.audit) != (self.audit_path, self.config.audit):
@@ -305,7 +308,7 @@ class Remediator:
                 raise Refused(f"snapshot needs a GPU; {target.label} runs on none known")
             return {"would_snapshot": target.label, "probe": self._has_probe(target)}
         if name == "exec":
-            return {"would_exec": list(self.config.exec.argv)}
+            return {"would_exec": self._shown_argv()}
         raise Refused(f"unknown action {name!r}")
 
     # -- running ----------------------------------------------------------------------------
@@ -355,10 +358,16 @@ class Remediator:
             payload = {**job.context, "id": job.id, "action": "exec", "target": target.label,
                        "trigger": job.trigger, "dry_run": False,
                        "message": job.event.message or None}
-            return await exec_hook.run(self.config.exec.argv, payload,
-                                       timeout=self.config.exec.timeout_seconds,
-                                       extra_env=self.config.exec.env)
+            detail = await exec_hook.run(self.config.exec.argv, payload,
+                                         timeout=self.config.exec.timeout_seconds,
+                                         extra_env=self.config.exec.env)
+            return {**detail, "argv": self._shown_argv()}
         raise Refused(f"unknown action {name!r}")
+
+    def _shown_argv(self) -> list[str]:
+        return redact.config_for_display({"remediation": {"exec": {
+            "argv": self.config.exec.argv, "secret_args": self.config.exec.secret_args}}},
+        )["remediation"]["exec"]["argv"]
 
     def _has_probe(self, target: Target) -> bool:
         if target.pid is None or target.pid not in self._probes:
@@ -421,7 +430,10 @@ class Remediator:
     def _final(self, action: str, target: str, result: str, reason: str, trigger: str,
                detail: dict[str, Any], *, audit: bool = True,
                job_id: str | None = None) -> ActionEvent:
-        detail = {k: v for k, v in detail.items() if v is not None}
+        # Reasons and details quote URLs, hook output and commands: scrubbed before they go to
+        # the log, the events log, /api/state and the audit log.
+        reason = redact.scrub_text(reason)
+        detail = redact.scrub({k: v for k, v in detail.items() if v is not None})
         if job_id:
             detail["id"] = job_id  # pairs with the audit log's "started" record
         ev = ActionEvent(t=self.clock(), action=action, target=target, result=result,
@@ -441,11 +453,16 @@ class Remediator:
         return ev
 
     def _audit_write(self, record: dict[str, Any]) -> None:
-        self.audit.write(record)
+        self.audit.write(redact.scrub(record))
 
     def _audit_note(self, what: str, **extra: Any) -> None:
         with contextlib.suppress(OSError):
             self.audit.write({"t": self.clock(), "note": what, "pid": os.getpid(), **extra})
+
+
+def _remember_secrets(config: RemediationConfig, webhook: WebhookConfig) -> None:
+    redact.remember({"remediation": msgspec.to_builtins(config),
+                     "webhook": msgspec.to_builtins(webhook)})
 
 
 def _audit_path(config: RemediationConfig) -> Path:

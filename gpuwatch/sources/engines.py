@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -22,6 +21,7 @@ from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
 from gpuwatch.engines.normalize import compact
 from gpuwatch.engines.urls import engines_from_urls, host_port, is_local, same_local_endpoint
 from gpuwatch.model import EngineSample
+from gpuwatch.redact import strip_userinfo as redact
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +38,6 @@ __all__ = ["EngineSource", "engines_from_flags", "scrape"]
 def engines_from_flags(urls, taken=()) -> list[EngineConfig]:
     """EngineConfigs for repeatable `--engine URL` flags (kind auto, named host:port)."""
     return engines_from_urls(urls, taken)
-
-
-def redact(url: str) -> str:
-    """The URL without user:password, for samples, logs and /api/state."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 def _headers(cfg: EngineConfig) -> dict[str, str]:

@@ -18,7 +18,10 @@ import pynvml
 
 from gpuwatch.model import GpuSample, ProbeSample
 from gpuwatch.sources.base import BackendUnavailable
+from gpuwatch.sources.gpu_depth import make_collectors
+from gpuwatch.sources.gpu_depth.mig import MigDevice, read_mig
 from gpuwatch.sources.processes import ProcessInfo
+from gpuwatch.xid import describe
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,9 @@ class _Device:
         self.fallbacks: dict[str, Callable] = {}
         self.xid_total: dict[str, int] = {}
         self.last_xid: int | None = None
+        self.collectors = make_collectors()
+        self.mig: list[MigDevice] = []  # refreshed by the slow tier
+        self.mig_devices: dict[str, _Device] = {}  # MIG uuid -> its own unsupported memory
 
     def get(self, field: str, fn: Callable, *args: Any, fallback: Callable | None = None) -> Any:
         """One NVML call; None when unsupported (remembered) or failing this time.
@@ -75,6 +81,20 @@ class _Device:
         except pynvml.NVMLError as exc:
             log.debug("GPU %d: %s failed: %s", self.index, field, exc)
         return None
+
+
+class _MigHandle(_Device):
+    """A MIG device's handle with its own memory of what it does not support."""
+
+    def __init__(self, index: int, mig: MigDevice) -> None:  # no NVML calls: mig has them
+        self.index = index
+        self.handle = mig.handle
+        self.uuid = mig.uuid
+        self.name = mig.name
+        self.pci_bus_id = ""
+        self.unsupported = set()
+        self.lost = False
+        self.fallbacks = {}
 
 
 # Process lists: the unversioned wrapper (v3) and the v2 fallback for older drivers
@@ -175,7 +195,9 @@ class NvmlBackend:
                 xid = int(data.eventData)
                 dev.xid_total[str(xid)] = dev.xid_total.get(str(xid), 0) + 1
                 dev.last_xid = xid
-                log.warning("GPU %d: XID %d", dev.index, xid)
+                what = describe(xid)
+                log.warning("GPU %d: XID %d: %s; action: %s", dev.index, xid, what.description,
+                            what.action)
 
     # -- sampling ---------------------------------------------------------------------
     def probes(self, now: float) -> list[ProbeSample] | None:
@@ -184,7 +206,11 @@ class NvmlBackend:
     def sample(self, now: float) -> list[GpuSample]:
         with self._lock:
             self._drain_xid()
-            out = [self._sample_device(dev) for dev in self.devices]
+            out = []
+            for dev in self.devices:
+                out.append(self._sample_device(dev))
+                if not dev.lost:
+                    out.extend(self._sample_mig(dev, mig) for mig in dev.mig)
         self._procinfo.forget_except({p.pid for g in out for p in g.processes})
         return out
 
@@ -257,7 +283,31 @@ class NvmlBackend:
             s.remapped_rows_uncorrectable = int(unc)
             s.remapped_rows_pending = bool(pending)
             s.remapped_rows_failure = bool(failure)
-        s.processes = self._processes(dev)
+        # With MIG on, processes belong to their instances (sampled below), never twice.
+        s.processes = [] if dev.mig else self._processes(dev)
+
+    def _sample_mig(self, parent: _Device, mig: MigDevice) -> GpuSample:
+        """A MIG instance as a GPU of its own: its memory and processes, judged on its own
+        threshold row. NVML may not tell per-process memory inside MIG: then it is absent."""
+        dev = parent.mig_devices.get(mig.uuid)
+        if dev is None:
+            dev = parent.mig_devices[mig.uuid] = _MigHandle(parent.index, mig)
+        s = GpuSample(index=parent.index, uuid=mig.uuid, name=mig.name,
+                      pci_bus_id=parent.pci_bus_id, mig_parent_uuid=parent.uuid,
+                      mig_instance=mig.instance, mig_profile=mig.profile)
+        try:
+            mem = dev.get("memory_v2", pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlMemory_v2)
+            if mem is None:
+                mem = dev.get("memory", pynvml.nvmlDeviceGetMemoryInfo)
+            if mem is not None:
+                s.memory_total_bytes = int(mem.total)
+                s.memory_used_bytes = int(mem.used)
+                s.memory_free_bytes = int(mem.free)
+            s.processes = self._processes(dev)
+        except _GpuLost:
+            parent.lost = True
+            s.lost = True
+        return s
 
     def _processes(self, dev: _Device) -> list:
         found: dict[int, tuple[int | None, str]] = {}
@@ -281,8 +331,14 @@ class NvmlBackend:
         with self._lock:
             devices = [d for d in self.devices if not d.lost]
         for dev in devices:
-            fields: dict[str, float] = {}
+            fields: dict[str, Any] = {}
             try:
+                mig_mode, mig = read_mig(dev)
+                dev.mig = mig
+                if mig_mode is not None:
+                    fields["mig_mode"] = mig_mode
+                for c in dev.collectors:
+                    fields.update(c.read(dev))
                 energy = dev.get("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption)
                 if energy is not None:
                     fields["energy_joules_total"] = energy / 1000.0  # mJ

@@ -199,17 +199,23 @@ class ThresholdTable:
     def _match(self, name: str, total: int) -> Row:
         if total <= 0:
             raise ValueError("memory_total_bytes must be positive")
-        for spec in self.spec.rows:
+        # A MIG instance is its own budget: calibrated rows describe whole GPUs, so even a
+        # 7g profile that nearly fills its GPU is judged on a row derived from its memory.
+        mig = " MIG " in name
+        for spec in () if mig else self.spec.rows:
             if self._fits(spec.match, spec.memory_total_mib, name, total):
                 return self._row(spec, name, total)
         system, budget = self.budget_bytes(name, total)
         warn, crit, rule = self.derive(total)
+        if mig:
+            rule = "MIG instance, " + rule
         return Row(
             id="derived", model=name or "unknown GPU", calibrated=False, version=self.version,
             source=self.source, memory_total_bytes=total, warning_bytes=warn,
             critical_bytes=crit, system_bytes=system, budget_bytes=budget,
             on_critical=_actions(None, self.spec.derive.on_critical),
-            note="no row of the table matches this GPU", rule=rule,
+            note=("a MIG instance is judged on its own memory" if mig
+                  else "no row of the table matches this GPU"), rule=rule,
         )
 
     def _row(self, spec: RowSpec, name: str, total: int) -> Row:

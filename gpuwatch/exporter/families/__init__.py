@@ -11,6 +11,7 @@ import importlib
 MODULES = (
     "gpuwatch.exporter.families.self_metrics",
     "gpuwatch.exporter.families.gpu",
+    "gpuwatch.exporter.families.gpu_depth",
     "gpuwatch.exporter.families.process",
     "gpuwatch.exporter.families.engines",
     "gpuwatch.exporter.families.memory_signals",

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.xid import describe
 
 P = "gpuwatch_gpu_"
 L = ["gpu", "uuid"]
@@ -69,7 +70,12 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
                                  "(correctable, uncorrectable; pending and failure are 0/1).",
                                  labels=[*L, "kind"])
     xid = CounterMetricFamily(P + "xid_errors", "XID critical-error events seen since the "
-                              "daemon started, by XID code.", labels=[*L, "xid"])
+                              "daemon started, by XID code and the action it calls for.",
+                              labels=[*L, "xid", "action"])
+    xid_info = GaugeMetricFamily("gpuwatch_xid_info", "What an XID seen on this host means "
+                                 "and what to do (value 1).",
+                                 labels=["xid", "description", "action"])
+    seen: set[int] = set()
     energy = CounterMetricFamily(P + "energy_joules", "Energy consumed since the driver "
                                  "loaded.", labels=L)
     for g in tick.gpus:
@@ -94,10 +100,14 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
             if v is not None:
                 remapped.add_metric([*lv, kind], float(v))
         for code, count in sorted(g.xid_events_total.items()):
-            xid.add_metric([*lv, code], count)
+            what = describe(int(code))
+            xid.add_metric([*lv, code, what.action], count)
+            if int(code) not in seen:
+                seen.add(int(code))
+                xid_info.add_metric([code, what.description, what.action], 1)
         if g.energy_joules_total is not None:
             energy.add_metric(lv, g.energy_joules_total)
     yield info
     yield lost
     yield from gauges.values()
-    yield from (reasons, ecc, remapped, xid, energy)
+    yield from (reasons, ecc, remapped, xid, xid_info, energy)

@@ -109,14 +109,23 @@ class SimulatedBackend:
 
     def sample_slow(self, now: float) -> dict[str, dict]:
         elapsed = self._elapsed(now)
-        return {
-            g.uuid: {
+        out = {}
+        for g in self.sample(now):
+            fields = {
                 "energy_joules_total": round(300.0 * elapsed, 1),
                 "pcie_tx_bytes_per_second": 2.0e8 * (1 + math.sin(elapsed / 13.0)),
                 "pcie_rx_bytes_per_second": 6.0e8 * (1 + math.cos(elapsed / 11.0)),
+                "mig_mode": False,
+                "recovery_action": 0,
             }
-            for g in self.sample(now)
-        }
+            if "H100" in g.name or "H200" in g.name:  # GPM exists from Hopper on
+                busy = g.utilization_ratio or 0.0
+                fields.update(gpm_sm_active_ratio=round(0.9 * busy, 3),
+                              gpm_sm_occupancy_ratio=round(0.4 * busy, 3),
+                              gpm_tensor_active_ratio=round(0.6 * busy, 3),
+                              gpm_dram_bandwidth_ratio=round(0.5 * busy, 3))
+            out[g.uuid] = fields
+        return out
 
     def probes(self, now: float) -> list[ProbeSample]:
         elapsed = self._elapsed(now)
