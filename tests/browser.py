@@ -45,9 +45,10 @@ class Browser:
         self.driver.get(url)
 
     def text(self, css: str) -> list[str]:
-        from selenium.webdriver.common.by import By
-
-        return [e.text for e in self.driver.find_elements(By.CSS_SELECTOR, css)]
+        """The rendered text of every match, read in one script: the page replaces its
+        sections as it refreshes, so elements found in one call may be gone in the next."""
+        return self.js("return [...document.querySelectorAll(arguments[0])]"
+                       ".map(e => (e.innerText ?? e.textContent).trim())", css)
 
     def count(self, css: str) -> int:
         from selenium.webdriver.common.by import By
