@@ -200,10 +200,15 @@ def test_leak_page_shows_pid_rate_time_to_oom_and_action(daemon, browser, tmp_pa
     # the report of what this daemon recorded finds the same leak
     d.stop()
     out = tmp_path / "leak.html"
+    audit = tmp_path / f"state-{d.port}" / "audit.jsonl"
     res = subprocess.run([sys.executable, "-m", "gpuwatch", "report", str(recording), "-o",
-                          str(out), "--config", str(config)], capture_output=True, text=True,
-                         env=child_env(), timeout=120)
+                          str(out), "--config", str(config), "--audit", str(audit)],
+                         capture_output=True, text=True, env=child_env(), timeout=120)
     assert res.returncode == 0, res.stderr
     browser.get(out.as_uri())
     leaks = [r for r in rendered(browser, "#findings tr.finding") if "memory_leak" in r]
     assert len(leaks) == 1 and "pid 41000 (leaky-worker)" in leaks[0], leaks
+    # what the daemon did, from its audit log, next to what the replayed policy plans
+    assert "snapshot: ok (taken)" in leaks[0] and "snapshot: dry_run (planned)" in leaks[0]
+    taken = rendered(browser, "#actions tr.action.taken")
+    assert taken and all("pid 41000 (leaky-worker)" in t for t in taken), taken

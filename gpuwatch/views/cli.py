@@ -20,7 +20,9 @@ def _fail(message: str) -> None:
 @click.option("--thresholds", "thresholds_file", type=click.Path(exists=True, dir_okay=False),
               help="A threshold table override file.")
 @click.option("--no-actions", is_flag=True, help="Without the remediation policy's plans.")
-def report(recording, output, config_file, thresholds_file, no_actions) -> None:
+@click.option("--audit", "audit_file", type=click.Path(exists=True, dir_okay=False),
+              help="The daemon's audit log: show the actions it took while recording.")
+def report(recording, output, config_file, thresholds_file, no_actions, audit_file) -> None:
     """Write a self-contained HTML report with plots of a recording."""
     import logging
     import os
@@ -37,7 +39,7 @@ def report(recording, output, config_file, thresholds_file, no_actions) -> None:
         _fail(f"configuration error: {exc}")
     started = time.monotonic()
     try:
-        page = build(recording, cfg, actions=not no_actions)
+        page = build(recording, cfg, actions=not no_actions, audit=audit_file)
     except ValueError as exc:
         _fail(str(exc))
     tmp = f"{output}.tmp{os.getpid()}"

@@ -123,6 +123,7 @@ class Collector:
         self.table: dict[str, str] = {}
         # action (by id) -> key of the signal event that triggered it
         self.action_where: dict[int, tuple] = {}
+        self.taken: set[int] = set()  # actions the live daemon took (its audit log)
 
     def _env(self) -> Envelope:
         return Envelope(self.t0, self.max_points)
@@ -384,7 +385,7 @@ def _summary(c: Collector, found: list[Finding]) -> str:
         ev = f.first
         state = (f'<span class="badge resolved">resolved {fmt.clock(f.resolved)}</span>'
                  if f.resolved else '<span class="badge ongoing">ongoing at end</span>')
-        acts = ", ".join(f"{a.action}: {a.result}" for a in f.actions) or fmt.DASH
+        acts = ", ".join(f"{a.action}: {a.result} ({_kind(c, a)})" for a in f.actions) or fmt.DASH
         rows.append(
             f'<tr class="finding" data-signal="{escape(ev.signal)}">'
             f'<td class="n">{_rel(ev.t, c.t0)}</td>'
@@ -396,7 +397,7 @@ def _summary(c: Collector, found: list[Finding]) -> str:
             f"<td>{state}</td><td>{escape(acts)}</td></tr>")
     return ('<table id="findings"><thead><tr><th class="n">first fired</th><th>severity</th>'
             "<th>signal</th><th>where</th><th class=n>value</th><th class=n>threshold</th>"
-            "<th class=n>time to OOM</th><th>state</th><th>actions (planned)</th></tr></thead>"
+            "<th class=n>time to OOM</th><th>state</th><th>actions</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
@@ -588,8 +589,9 @@ the min&ndash;max within each plotted interval), the <b style="color:#e8590c">re
 leak detector tracks (memory the process keeps; allocator sawtooth and bursts do not lift it),
 and, once a leak is detected, the <b style="color:#ae3ec9">fitted trend</b> with its estimated
 onset and the detection time. Triangles are events firing (amber warning, red critical),
-circles resolved, diamonds actions. Actions are what the remediation policy plans for each
-event when replayed; on the live host guardrails decide whether they run.</p>"""
+circles resolved, diamonds actions. "Planned" actions are what the remediation policy plans
+for each event when replayed (on the live host guardrails decide whether they run); "taken"
+ones come from the daemon's audit log (<code>--audit</code>).</p>"""
 
 
 def render(c: Collector, header, source: str) -> str:
@@ -619,15 +621,21 @@ def render(c: Collector, header, source: str) -> str:
             f"<style>{CSS}</style></head><body><main>{''.join(body)}</main></body></html>")
 
 
+def _kind(c: Collector, a: ActionEvent) -> str:
+    return "taken" if id(a) in c.taken else "planned"
+
+
 def _actions_table(c: Collector, actions: list[ActionEvent]) -> str:
     if not actions:
-        return '<p class="muted">No actions planned.</p>'
+        return '<p class="muted">No actions planned or taken.</p>'
     rows = "".join(
-        f'<tr class="action"><td class="n">{_rel(a.t, c.t0)}</td><td><b>{escape(a.action)}</b>'
-        f"</td><td>{escape(_action_target(a, c))}</td><td>{escape(a.result)}</td>"
+        f'<tr class="action {_kind(c, a)}"><td class="n">{_rel(a.t, c.t0)}</td>'
+        f"<td>{_kind(c, a)}</td><td><b>{escape(a.action)}</b></td>"
+        f"<td>{escape(_action_target(a, c))}</td><td>{escape(a.result)}</td>"
         f"<td class=muted>{escape(_why(a))}</td></tr>" for a in actions[:MAX_EVENT_ROWS])
-    return ("<table id=actions><thead><tr><th class=n>time</th><th>action</th><th>target</th>"
-            f"<th>result</th><th>why</th></tr></thead><tbody>{rows}</tbody></table>")
+    return ("<table id=actions><thead><tr><th class=n>time</th><th></th><th>action</th>"
+            "<th>target</th><th>result</th><th>why</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
 
 
 def _why(a: ActionEvent) -> str:
@@ -642,7 +650,35 @@ def _action_target(a: ActionEvent, c: Collector) -> str:
     return a.target
 
 
-def build(recording: str, cfg, *, actions: bool = True, max_points: int = 500) -> str:
+def add_audit(c: Collector, path: str, slack: float) -> int:
+    """The actions the live daemon took while recording, from its audit log: final results
+    only (not 'started'), within the recording's time span. Returns how many."""
+    from gpuwatch.remediation.audit import read_records
+
+    try:
+        records = list(read_records(path))
+    except OSError as exc:
+        raise ValueError(f"--audit {path}: {exc.strerror or exc}") from None
+    taken = []
+    for rec in records:
+        if not rec.get("action") or rec.get("result") in (None, "started"):
+            continue
+        try:
+            ev = msgspec.convert({k: rec[k] for k in ("t", "action", "target", "result",
+                                                      "reason", "trigger", "detail")
+                                  if k in rec}, ActionEvent)
+        except msgspec.ValidationError:
+            continue  # a foreign or damaged record
+        if c.t0 - slack <= ev.t <= c.t1 + slack:
+            taken.append(ev)
+            c.taken.add(id(ev))
+            c.action_where[id(ev)] = _trigger_of(ev, [])
+    c.events = sorted(c.events + taken, key=lambda e: e.t)  # stable: replay order kept
+    return len(taken)
+
+
+def build(recording: str, cfg, *, actions: bool = True, max_points: int = 500,
+          audit: str | None = None) -> str:
     """The report's HTML for a recording (raises ValueError for a bad recording)."""
     header, steps = replay_steps(recording, cfg, actions)
     collector: Collector | None = None
@@ -652,4 +688,6 @@ def build(recording: str, cfg, *, actions: bool = True, max_points: int = 500) -
         collector.step(tick, pipeline, events)
     if collector is None:
         raise ValueError(f"{recording}: the recording has no samples")
+    if audit:
+        add_audit(collector, audit, header.interval_s)
     return render(collector, header, os.path.basename(recording))
