@@ -12,6 +12,14 @@ import pytest
 
 from gpuwatch.views import terminal
 from tests.helpers import FAST_LEAK_TOML, REPO, StaticServer, child_env, free_port, wait_until
+from tests.test_webconfig import (
+    PASSWORD,
+    USER,
+    pki,  # noqa: F401 - the fixture, shared
+    start,
+    tls_doc,
+    wait_https,
+)
 
 pytestmark = pytest.mark.integration
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -108,3 +116,23 @@ def test_bar_proportions():
     text = "".join(c for c, _ in runs)
     assert text == "##===W..C."  # W replaces the planned cell at 50 %
     assert [k for _, k in runs] == ["judged", "planned", "W", "free", "C", "free"]
+
+
+def test_tls_and_basic_auth(daemon, pki, tmp_path):  # noqa: F811
+    d = start(daemon, pki, tls_doc(pki))
+    ca = str(pki["ca"])
+    wait_https(d, "--cacert", ca, "-u", f"{USER}:{PASSWORD}")
+    pw = tmp_path / "password"
+    pw.write_text(PASSWORD + "\n")
+    res = status(d.https, "--user", USER, "--password-file", str(pw), "--cacert", ca)
+    assert res.returncode == 0, res.stderr
+    assert "GPU 0" in res.stdout and "GPU 1" in res.stdout
+    # wrong password, no CA, credentials in the URL: one line each, no secret echoed
+    pw.write_text("wrong\n")
+    res = status(d.https, "--user", USER, "--password-file", str(pw), "--cacert", ca)
+    assert res.returncode == 1 and "HTTP 401" in res.stderr
+    res = status(d.https, "--user", USER, "--password-file", str(pw))
+    assert res.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in res.stderr
+    res = status(f"https://{USER}:{PASSWORD}@{d.address}")
+    assert res.returncode == 2 and PASSWORD not in res.stderr + res.stdout
+    assert res.stderr.count("\n") == 1

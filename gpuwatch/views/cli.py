@@ -58,7 +58,12 @@ def report(recording, output, config_file, thresholds_file, no_actions, audit_fi
 @click.option("--watch", type=click.FloatRange(min=0.5), metavar="N",
               help="Refresh every N seconds until interrupted.")
 @click.option("--plain", is_flag=True, help="Plain text even on a terminal.")
-def status(url, watch, plain) -> None:
+@click.option("--user", help="Basic-auth user of the daemon's web configuration.")
+@click.option("--password-file", type=click.Path(dir_okay=False),
+              help="File holding that user's password (else asked for on a terminal).")
+@click.option("--cacert", type=click.Path(dir_okay=False),
+              help="CA certificate that signed the daemon's TLS certificate.")
+def status(url, watch, plain, user, password_file, cacert) -> None:
     """One-screen summary of a running daemon (default http://127.0.0.1:PORT)."""
     import time
 
@@ -70,11 +75,20 @@ def status(url, watch, plain) -> None:
         terminal.check_url(url)
     except ValueError as exc:
         _fail(str(exc))
+    auth = (user, _password(password_file)) if user else None
+    if password_file and not user:
+        _fail("--password-file: needs --user")
+    if cacert:
+        try:
+            open(cacert, "rb").close()
+        except OSError as exc:
+            _fail(f"--cacert {cacert}: {exc.strerror or exc}")
     console = None if plain or not sys.stdout.isatty() else _rich_console()
 
     def show() -> bool:
         try:
-            summary = terminal.summarize(terminal.fetch_state(url), url)
+            summary = terminal.summarize(
+                terminal.fetch_state(url, auth=auth, cafile=cacert), url)
         except terminal.StatusError as exc:
             click.echo(f"gpuwatch: {exc}", err=True)
             return False
@@ -95,6 +109,19 @@ def status(url, watch, plain) -> None:
             time.sleep(watch)
     except KeyboardInterrupt:
         sys.exit(0)
+
+
+def _password(path: str | None) -> str:
+    if path is None:
+        if not sys.stdin.isatty():
+            _fail("--user: give --password-file (no terminal to ask on)")
+        return click.prompt("password", hide_input=True, err=True)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"--password-file {path}: {getattr(exc, 'strerror', None) or exc}")
+    return ""  # not reached
 
 
 def _rich_console():

@@ -6,7 +6,9 @@ shown does not depend on whether colour is available."""
 
 from __future__ import annotations
 
+import base64
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,10 +26,18 @@ class StatusError(Exception):
     pass
 
 
-def fetch_state(url: str, timeout: float = 5.0) -> dict:
+def fetch_state(url: str, timeout: float = 5.0, auth: tuple[str, str] | None = None,
+                cafile: str | None = None) -> dict:
+    """/api/state of a daemon, with basic auth and a CA for its TLS certificate when its web
+    configuration asks for them."""
     api = url.rstrip("/") + "/api/state"
+    req = urllib.request.Request(api)
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    context = ssl.create_default_context(cafile=cafile) if api.startswith("https:") else None
     try:
-        with urllib.request.urlopen(api, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             body = r.read(MAX_BODY + 1)
     except urllib.error.HTTPError as exc:
         raise StatusError(f"{api}: HTTP {exc.code} {exc.reason}") from None
@@ -47,6 +57,10 @@ def fetch_state(url: str, timeout: float = 5.0) -> dict:
 
 def check_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        # a password in a URL ends up in shell history and the process list
+        raise ValueError("URL: credentials in the URL are not accepted; use --user and "
+                         "--password-file")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"URL {url!r}: expected http://HOST:PORT or https://HOST:PORT")
     return url
