@@ -10,13 +10,14 @@ import click
 
 from gpuwatch import __version__
 from gpuwatch import config as config_mod
+from gpuwatch.attribution.cli import attribution as attribution_command
 from gpuwatch.monitoring.cli import alerts as alerts_command
 from gpuwatch.monitoring.cli import dashboards as dashboards_command
 from gpuwatch.thresholds.cli import thresholds as thresholds_command
 from gpuwatch.views.cli import report as report_command
 from gpuwatch.views.cli import status as status_command
 
-SCENARIO_NAMES = ("steady", "leak", "fragmentation", "mixed", "large")
+SCENARIO_NAMES = ("steady", "leak", "fragmentation", "mixed", "large", "kubernetes")
 
 
 def _setup_logging(level: str) -> None:
@@ -51,6 +52,7 @@ def main() -> None:
 main.add_command(dashboards_command)
 main.add_command(alerts_command)
 main.add_command(thresholds_command)
+main.add_command(attribution_command)
 main.add_command(report_command)
 main.add_command(status_command)
 

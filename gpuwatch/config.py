@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from gpuwatch.attribution.config import AttributionConfig
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
 from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.redact import config_for_display
@@ -67,6 +68,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     probe: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
     remediation: RemediationConfig = msgspec.field(default_factory=RemediationConfig)
     webhook: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
+    # The /proc tree to read processes from (a container may mount the host's elsewhere).
+    proc_root: str = "/proc"
+    attribution: AttributionConfig = msgspec.field(default_factory=AttributionConfig)
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)

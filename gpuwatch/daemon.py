@@ -24,16 +24,17 @@ from aiohttp import web
 
 from gpuwatch import config as config_mod
 from gpuwatch import redact, webconfig
+from gpuwatch.attribution.source import make_source as make_attribution
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
-from gpuwatch.model import EngineSample, ProbeSample, Tick
+from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
 from gpuwatch.recording import Recorder
 from gpuwatch.signals.pipeline import Pipeline
-from gpuwatch.sources.probes import prepare_probe_dir, read_probes
+from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
 
 log = logging.getLogger("gpuwatch")
@@ -58,6 +59,7 @@ class Daemon:
         self.sampler = GpuSampler(self.backend, self.sources["nvml"],
                                   cfg.nvml.retry_max_seconds)
         self.pipeline = Pipeline.from_config(cfg)
+        self.attribution = make_attribution(cfg, self.backend, self.sources)
         self.recent: collections.deque[Event | ActionEvent] = collections.deque(
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
@@ -71,22 +73,23 @@ class Daemon:
         self.renderer = Renderer()
         self.remediator = None
         self.probe_dir = resolve_dir(cfg.probe.dir)
+        self.probe_reader = ProbeReader(self.probe_dir)
         if cfg.probe.enabled and not cfg.simulate and os.geteuid() == 0:
-            # Shared and sticky, so probes of every user can publish into it.
+            # Root's; each user's directory in it is made when their process is on a GPU.
             with contextlib.suppress(OSError):
                 prepare_probe_dir(self.probe_dir)
 
     # -- the tick ---------------------------------------------------------------------
-    async def _probes(self, now: float) -> list[ProbeSample]:
+    async def _probes(self, now: float, gpus: list[GpuSample]) -> list[ProbeSample]:
         own = self.backend.probes(now)
         if own is not None:
             return own
         if not self.config.probe.enabled:
             return []
-        problems: list[str] = []
-        samples = read_probes(self.probe_dir, now,
-                              stale_after=self.config.probe.stale_after_seconds,
-                              problems=problems)
+        # Off the loop: the directory is written by users, its cost is theirs to choose.
+        samples, problems = await asyncio.to_thread(
+            self.probe_reader.read, now, [p.pid for g in gpus for p in g.processes],
+            stale_after=self.config.probe.stale_after_seconds)
         st = self.sources.setdefault("probes", SourceStatus())
         st.up, st.last_success, st.reason = True, now, "; ".join(problems[:3])
         return samples
@@ -101,7 +104,10 @@ class Daemon:
     async def tick_once(self) -> Tick:
         now = time.time()
         gpus = await self.sampler.sample(now)
-        probes = await self._probes(now)
+        if self.attribution is not None:  # pods and jobs, from a slowly refreshed cache
+            await self.attribution.update(gpus, now)
+            self._extras["gpu_owners"] = self.attribution.gpu_owners
+        probes = await self._probes(now, gpus)
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
         events = self._process(tick)
         if self.remediator is not None:
@@ -229,6 +235,10 @@ class Daemon:
             self._start_engines()
         if self.guard is not None and new.web_config == old.web_config:
             self._reload_web(new.web_config)
+        if (new.attribution, new.proc_root) != (old.attribution, old.proc_root):
+            if self.attribution is not None:
+                self.attribution.close()
+            self.attribution = make_attribution(new, self.backend, self.sources)
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             try:
@@ -333,6 +343,8 @@ class Daemon:
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()
             self.sampler.close()
+            if self.attribution is not None:
+                self.attribution.close()
         return 0
 
     def _make_remediator(self):

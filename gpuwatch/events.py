@@ -27,6 +27,11 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
     value: float | None = None
     threshold: float | None = None
     message: str = ""
+    # Who runs the process (gpuwatch.attribution), when known.
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    slurm_job_id: str | None = None
 
     @property
     def key(self) -> tuple:

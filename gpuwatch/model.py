@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import msgspec
 
+# ProcessSample fields that say who runs the process: labels of every process series and
+# fields of its events.
+ATTRIBUTION_FIELDS = ("namespace", "pod", "container", "slurm_job_id")
+
 
 class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     pid: int
@@ -18,9 +22,13 @@ class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     user: str = ""
     # compute | graphics | mps (a pid can appear in several lists; compute wins)
     type: str = "compute"
+    # Who runs it (gpuwatch.attribution), "" when unknown.
     pod: str = ""
     namespace: str = ""
     container: str = ""
+    slurm_job_id: str = ""
+    # allow-listed pod labels (attribution.kubernetes_api.pod_labels), key -> value
+    pod_labels: dict[str, str] = {}
 
 
 class ProcessUtilization(msgspec.Struct, omit_defaults=True, kw_only=True):

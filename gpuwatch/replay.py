@@ -45,7 +45,9 @@ def _human(ev: Event | ActionEvent) -> str:
     if isinstance(ev, ActionEvent):
         return f"{ev.t:.3f} {'action':8} {ev.result:8} {ev.action:18} {ev.target}"
     where = " ".join(
-        f"{k}={v}" for k, v in (("gpu", ev.gpu_uuid), ("pid", ev.pid), ("engine", ev.engine))
+        f"{k}={v}" for k, v in (("gpu", ev.gpu_uuid), ("pid", ev.pid), ("engine", ev.engine),
+                                ("pod", ev.pod and f"{ev.namespace}/{ev.pod}"),
+                                ("slurm_job", ev.slurm_job_id))
         if v is not None
     )
     value = "" if ev.value is None else f" value={ev.value:.6g}"

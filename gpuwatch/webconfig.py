@@ -31,7 +31,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bcrypt
 import msgspec
 import yaml
 from aiohttp import web
@@ -261,6 +260,8 @@ class BasicAuth:
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:
+    import bcrypt  # only hosts that configure basic auth pay for it
+
     try:
         return bcrypt.checkpw(password, hashed)
     except ValueError:

@@ -38,3 +38,28 @@ def test_systemd_unit_and_container_use_the_cli():
     assert "ExecStart=/usr/local/bin/gpuwatch run" in unit
     assert "RestartPreventExitStatus=2" in unit  # configuration errors exit 2
     assert f"EXPOSE {DEFAULT_PORT}" in (ROOT / "Containerfile").read_text()
+
+
+def test_daemonset_mounts_the_kubelet_pod_resources_socket_read_only():
+    ds = next(d for d in docs("daemonset.yaml") if d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")
+    volume = next(v for v in spec["volumes"] if v["name"] == "pod-resources")
+    from gpuwatch.attribution.podresources import DEFAULT_SOCKET
+
+    assert mount["readOnly"] is True
+    assert DEFAULT_SOCKET.startswith(mount["mountPath"] + "/")
+    assert volume["hostPath"]["path"] == mount["mountPath"]
+    assert '".[kubernetes]"' in (ROOT / "Containerfile").read_text()  # grpcio in the image
+
+
+def test_attribution_rbac_grants_only_listing_pods():
+    sa, role, binding = docs("attribution-rbac.yaml")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (subject,) = binding["subjects"]
+    assert (subject["name"], subject["namespace"]) == (sa["metadata"]["name"],
+                                                       sa["metadata"]["namespace"])
+    ds = next(d for d in docs("daemonset.yaml") if d["kind"] == "DaemonSet")
+    assert sa["metadata"]["namespace"] == ds["metadata"]["namespace"]

@@ -228,7 +228,8 @@ def _values(text: str) -> dict[str, dict[tuple, float]]:
 
 def test_allocator_metrics():
     values = _values(_exposition(_snapshot([CRITICAL])))
-    key = (("gpu", "0"), ("pid", str(PID)), ("process", "python3"), ("uuid", "GPU-aaaa"))
+    key = (("container", ""), ("gpu", "0"), ("namespace", ""), ("pid", str(PID)), ("pod", ""),
+           ("process", "python3"), ("slurm_job_id", ""), ("uuid", "GPU-aaaa"))
     p = "gpuwatch_process_allocator_"
     assert values[p + "reserved_bytes"] == {key: GIB}
     assert values[p + "allocated_bytes"] == {key: GIB - 400 * MIB}

@@ -194,8 +194,8 @@ def test_new_series_render_and_pass_promtool_lint(monkeypatch, tmp_path):
             'parent_uuid="GPU-fake-1",uuid="MIG-fake-1-1-0"} 1.0') in text
     assert 'gpuwatch_gpu_recovery_action{gpu="0",uuid="GPU-fake-0"} 0.0' in text
     assert 'action="reboot_node",gpu="0",uuid="GPU-fake-0",xid="79"' in text
-    assert re.search(r'gpuwatch_process_utilization_ratio\{engine="sm",gpu="0",.*pid="'
-                     + str(os.getpid()) + r'".*\} 0\.42', text)
+    assert re.search(r'gpuwatch_process_utilization_ratio\{(?=[^}]*engine="sm")'
+                     r'(?=[^}]*pid="' + str(os.getpid()) + r'")[^}]*\} 0\.42', text)
     promtool = shutil.which("promtool")
     if promtool:
         r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,

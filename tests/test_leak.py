@@ -336,7 +336,9 @@ def test_leak_metrics_exported_and_absent_when_unknown():
     procs = {s.labels["pid"]: s for s in
              metrics["gpuwatch_process_memory_leak_rate_bytes_per_second"].samples}
     assert set(procs) == {"11"}  # no estimate yet for the new process: no series
-    assert procs["11"].labels == {"gpu": "0", "uuid": "GPU-0", "pid": "11", "process": "p11"}
+    assert procs["11"].labels == {"gpu": "0", "uuid": "GPU-0", "pid": "11", "process": "p11",
+                                  "namespace": "", "pod": "", "container": "",
+                                  "slurm_job_id": ""}
     assert procs["11"].value == pytest.approx(WARN, rel=0.25)
     assert metrics["gpuwatch_gpu_memory_leak_rate_bytes_per_second"].samples
     assert metrics["gpuwatch_gpu_time_to_oom_seconds"].samples[0].value > 0

@@ -23,6 +23,7 @@ UIDS = {
     "gpuwatch-gpu.json": "gpuwatch-gpu",
     "gpuwatch-engines.json": "gpuwatch-engines",
     "gpuwatch-remediation.json": "gpuwatch-remediation",
+    "gpuwatch-workloads.json": "gpuwatch-workloads",
 }
 
 
@@ -145,6 +146,7 @@ def test_template_variables():
         "gpuwatch-gpu.json": ["datasource", "job", "instance", "gpu"],
         "gpuwatch-engines.json": ["datasource", "job", "instance", "engine", "model"],
         "gpuwatch-remediation.json": ["datasource", "job", "instance"],
+        "gpuwatch-workloads.json": ["datasource", "job", "instance", "namespace", "pod"],
     }
     for name, dash in _committed().items():
         variables = dash["templating"]["list"]

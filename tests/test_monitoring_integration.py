@@ -56,7 +56,8 @@ def _rule_files(tmp_path, pending: str | None = None) -> list:
 def _dashboard_queries(address: str) -> list[tuple[str, str, str, bool]]:
     """(dashboard, panel, PromQL with the variables filled in, instant) of every target."""
     values = {"$job": "gpuwatch", "$instance": address, "$gpu": ".*", "$engine": ".*",
-              "$model": ".*", "$__rate_interval": RATE_INTERVAL, "$__range": RANGE}
+              "$model": ".*", "$namespace": ".*", "$pod": ".*",
+              "$__rate_interval": RATE_INTERVAL, "$__range": RANGE}
     out = []
     for path in sorted((REPO / "dashboards").glob("*.json")):
         dash = json.loads(path.read_text())

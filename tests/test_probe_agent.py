@@ -21,7 +21,7 @@ import pytest
 import gpuwatch.probe_channel.protocol as protocol
 from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.probe_channel.requests import ProbeUnavailableError, send_request, wait_result
-from gpuwatch.sources.probes import prepare_probe_dir, read_probes
+from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir, read_probes
 from tests.helpers import REPO, wait_until
 
 MIB = 1024 * 1024
@@ -33,6 +33,9 @@ FAKE_TORCH = {
 """A stand-in for torch: only the allocator surface gpuwatch.probe reads."""
 import os
 __version__ = "0.0+fake"
+from types import SimpleNamespace as _NS  # noqa: E402
+# FAKE_TORCH_CPU_BUILD=1: a torch built without CUDA, as vLLM's CPU backend runs.
+version = _NS(cuda=None if os.environ.get("FAKE_TORCH_CPU_BUILD") == "1" else "12.8")
 from torch import cuda  # noqa: E402
 ''',
 "torch/cuda/__init__.py": '''
@@ -362,6 +365,14 @@ def test_publishes_the_allocator_state_of_its_process(hosts, tmp_path):
     assert not [p for p in d.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
+def test_says_so_when_torch_is_built_without_cuda(hosts, tmp_path):
+    host = hosts(FAKE_TORCH_CPU_BUILD="1")
+    rec = tmp_path / "probe" / str(os.geteuid()) / f"{host.pid}.json"
+    wait_until(rec.exists, timeout=20, what="the first record")
+    assert json.loads(rec.read_text())["status"] == "no_cuda"
+    assert read_probes(str(tmp_path / "probe"), time.time()) == []
+
+
 def test_waits_for_the_host_to_initialise_cuda(hosts, tmp_path):
     host = hosts(FAKE_CUDA_INIT="0")
     rec = tmp_path / "probe" / str(os.geteuid()) / f"{host.pid}.json"
@@ -420,29 +431,33 @@ def test_snapshot_writes_a_pickle_the_visualizer_opens(hosts, tmp_path):
     host.send("history 1000")
     host.send("fragment")
     latest(tmp_path / "probe", host.pid)
-    out = tmp_path / "snaps"
-    out.mkdir()
-    res = ask(tmp_path / "probe", host.pid, "snapshot", {"dir": str(out)})
+    res = ask(tmp_path / "probe", host.pid, "snapshot")
     assert res["ok"] is True, res
     path = Path(res["path"])
-    assert path.parent == out and stat.S_IMODE(path.stat().st_mode) == 0o600
+    # Always in its own directory, under the one name the daemon expects.
+    assert path.parent == tmp_path / "probe" / str(os.geteuid())
+    assert res["name"] == path.name == f"gpuwatch-probe-{host.pid}-{path.name[-23:-7]}.pickle"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
     with path.open("rb") as f:
         snap = pickle.load(f)
     assert len(snap["segments"]) == res["segments"] > 0
     assert not any(snap["device_traces"]) and res["history"] is False  # not asked for
-    res = ask(tmp_path / "probe", host.pid, "snapshot", {"dir": str(out), "history": True})
+    res = ask(tmp_path / "probe", host.pid, "snapshot", {"history": True})
     with open(res["path"], "rb") as f:
         snap = pickle.load(f)
     assert res["history"] is True and res["history_entries"] == len(snap["device_traces"][0]) > 0
 
 
-def test_snapshot_falls_back_to_the_probe_directory(hosts, tmp_path):
+def test_snapshot_ignores_a_directory_it_is_offered(hosts, tmp_path):
     host = hosts()
     host.send("fragment")
     latest(tmp_path / "probe", host.pid)
-    res = ask(tmp_path / "probe", host.pid, "snapshot", {"dir": str(tmp_path / "missing")})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = ask(tmp_path / "probe", host.pid, "snapshot", {"dir": str(elsewhere)})
     assert res["ok"] is True
     assert Path(res["path"]).parent == tmp_path / "probe" / str(os.geteuid())
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_bad_requests(hosts, tmp_path):
@@ -485,9 +500,11 @@ def test_requests_from_an_untrusted_uid_are_ignored(hosts, tmp_path):
     latest(probe_dir, host.pid)
     d = probe_dir / str(os.geteuid())
     req = d / protocol.request_name(host.pid, "0123456789abcdef")
-    req.write_text(json.dumps({"id": "0123456789abcdef", "pid": host.pid, "action": "flush",
+    tmp = d / ".untrusted.tmp"  # handed over before it appears: the probe polls meanwhile
+    tmp.write_text(json.dumps({"id": "0123456789abcdef", "pid": host.pid, "action": "flush",
                                "t": time.time()}))
-    os.chown(req, 4321, 4321)
+    os.chown(tmp, 4321, 4321)
+    tmp.rename(req)
     wait_until(lambda: not req.exists(), timeout=20, what="the probe to take the file")
     with pytest.raises(TimeoutError):
         asyncio.run(wait_result(str(probe_dir), host.pid, "0123456789abcdef", 0.5))
@@ -502,20 +519,22 @@ def test_root_daemon_and_a_probe_of_another_user(tmp_path, site):
     try:
         top.chmod(0o755)
         probe_dir = top / "probe"
-        prepare_probe_dir(str(probe_dir))  # as root: shared and sticky
-        assert stat.S_IMODE(probe_dir.stat().st_mode) == 0o1777
+        prepare_probe_dir(str(probe_dir))  # as root: root's, nobody else may add to it
+        st = probe_dir.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
         host = Host(tmp_path, site, probe_dir, RUN_AS_UID="4321")
         try:
             host.send("fragment")
             st = host.send("free_all")
+            d = probe_dir / "4321"
+            time.sleep(0.5)
+            assert not d.exists()  # the probe waits for the daemon to make its directory
+            reader = ProbeReader(str(probe_dir))
+            reader.read(time.time(), [host.pid], stale_after=30)  # it is on a GPU: made
+            assert (d.stat().st_uid, stat.S_IMODE(d.stat().st_mode)) == (4321, 0o700)
             s = latest(probe_dir, host.pid)
             assert s.reserved_bytes == st["stats"]["reserved_bytes.all.current"]
-            d = probe_dir / "4321"
-            assert (d.stat().st_uid, stat.S_IMODE(d.stat().st_mode)) == (4321, 0o700)
-            # our own snapshot directory is not theirs to write: the pickle stays with them
-            ours = tmp_path / "snaps"
-            ours.mkdir(mode=0o700)
-            res = ask(probe_dir, host.pid, "snapshot", {"dir": str(ours)})
+            res = ask(probe_dir, host.pid, "snapshot")
             assert res["ok"] and Path(res["path"]).parent == d
             assert Path(res["path"]).stat().st_uid == 4321
             res = ask(probe_dir, host.pid, "flush")

@@ -294,11 +294,14 @@ def test_lost_gpu_and_vanished_pid_are_refused(tmp_path):
 def test_audit_failure_means_no_action(tmp_path):
     async def go():
         rem = make(tmp_path)
-
-        def broken(record):
+        # The "started" record cannot be had: as when the disk is full (the real full disk
+        # is in test_remediation_faults.py).
+        def broken(*args, **kwargs):
             raise OSError(28, "No space left on device")
-        rem._audit_write = broken
-        return await step(rem, [ev()], snap_of())
+        rem.ledger.started = broken
+        out = await step(rem, [ev()], snap_of())
+        await rem.close()
+        return out
     out = asyncio.run(go())
     assert results(out) == [("snapshot", "refused")]
     assert "audit log not writable" in out[0].reason
@@ -425,23 +428,29 @@ def test_snapshot_dir_is_capped_oldest_first(tmp_path):
 
 
 def test_snapshot_asks_the_probe_when_the_process_has_one(tmp_path, monkeypatch):
-    """The probe writes its pickle into the snapshot directory; gpuwatch names it and makes
-    it owner-only. (The probe itself is exercised in test_remediation_probe.py.)"""
+    """The probe writes its pickle in its own directory; gpuwatch copies it under its own name
+    and mode. (The probe itself is exercised in test_remediation_probe.py.)"""
     calls = []
 
     async def fake_request(probe_dir, pid, action, params, timeout):
         calls.append((pid, action, params))
-        path = os.path.join(params["dir"], "probe-wrote-this.pickle")
-        with open(path, "wb") as f:
-            f.write(b"\x80\x04N.")
-        os.chmod(path, 0o644)
-        return {"ok": True, "path": path, "segments": 7, "history": True}
+        return {"ok": True, "path": "/etc/shadow", "segments": 7, "history": True,
+                "request_id": "0123456789abcdef"}
+
+    async def fake_copy(probe_dir, pid, request_id, dest, max_bytes):
+        calls.append((pid, request_id))
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"\x80\x04N.")
+        os.close(fd)
+        return 5
     monkeypatch.setattr(probe_channel, "request", fake_request)
+    monkeypatch.setattr(probe_channel, "copy_snapshot", fake_copy)
     probes = [ProbeSample(pid=4242, create_time=1000.0, reserved_bytes=GIB)]
     rem = make(tmp_path, snapshot=SnapshotConfig(dir=str(tmp_path / "snaps"), history=True))
     out = asyncio.run(step(rem, [ev()], snap_of(probes=probes)))
     assert results(out) == [("snapshot", "ok")]
-    assert calls == [(4242, "snapshot", {"dir": str(tmp_path / "snaps"), "history": True})]
+    # No directory offered to the probe, and its "path" is not looked at.
+    assert calls == [(4242, "snapshot", {"history": True}), (4242, "0123456789abcdef")]
     pickle_path = out[0].detail["allocator_snapshot"]
     assert pickle_path.endswith("-pid4242-allocator.pickle") and out[0].detail["segments"] == 7
     assert stat.S_IMODE(os.stat(pickle_path).st_mode) == 0o600
@@ -611,3 +620,30 @@ def test_default_state_dir_follows_systemd(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     expected = Path("/var/lib/gpuwatch") if os.geteuid() == 0 else tmp_path / "xdg" / "gpuwatch"
     assert state_dir() == expected
+
+
+def test_a_hostile_probe_answer_is_typed_and_cut_short(tmp_path, monkeypatch):
+    """What a probe answers is its user's text: only typed, short facts reach the audit log."""
+    answers = [{"ok": True, "released_bytes": "9" * 10_000, "reserved_before": [1] * 1000,
+                "reserved_after": 5},
+               {"ok": False, "error": "e" * 100_000}]
+
+    async def fake_request(probe_dir, pid, action, params, timeout):
+        return answers.pop(0)
+    monkeypatch.setattr(probe_channel, "request", fake_request)
+    probes = [ProbeSample(pid=4242, create_time=1000.0, reserved_bytes=GIB)]
+    cfg = dict(cooldown_seconds=0, flush=FlushConfig(enabled=True),
+               escalation=[EscalationRule(signal="memory_leak", actions=["flush"])])
+
+    async def go():
+        rem = make(tmp_path, **cfg)
+        out = await step(rem, [ev()], snap_of(probes=probes))
+        out += await step(rem, [ev()], snap_of(probes=probes))
+        await rem.close()
+        return out
+    ok, failed = asyncio.run(go())
+    assert (ok.result, failed.result) == ("ok", "failed")
+    assert ok.detail["reserved_after"] == 5
+    assert "released_bytes" not in ok.detail and "reserved_before" not in ok.detail
+    assert len(failed.reason) < 400
+    assert max(len(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()) < 2000

@@ -157,14 +157,32 @@ def test_oversized_bodies_are_413(tmp_path):
     (json.dumps({"version": "4", "alerts": "nope"}), 400, "invalid"),
     (json.dumps({**payload(alert()), "version": "3"}), 400, "version"),
     (json.dumps([1, 2, 3]), 400, "invalid"),
-])
-def test_invalid_bodies_are_4xx(tmp_path, body, status, words):
+    # 120k levels in a field nobody reads: msgspec raises RecursionError, not a DecodeError
+    ('{"version": "4", "commonLabels": ' + "[" * 120_000 + "]" * 120_000 + ', "alerts": []}',
+     400, "nested"),
+    (json.dumps(payload(alert(pid="\u00b2"))), 400, "ascii"),  # isdigit() but not int()
+    (json.dumps(payload(alert(pid="\u0661"))), 400, "ascii"),  # int() reads it as pid 1
+    (json.dumps(payload(alert(gpu="\u00b2", uuid=""))), 400, "ascii"),
+    (json.dumps(payload(alert(pid="-5"))), 400, "ascii"),
+    (json.dumps(payload({**alert(), "labels": {"alertname": "x", "pid": 4242}})), 400, "str"),
+    (json.dumps(payload({**alert(), "annotations": ["x"]})), 400, "object"),
+    (json.dumps(payload(*[alert()] * 2000)), 413, "larger"),
+], ids=["not-json", "not-utf8", "no-alerts", "no-status", "alerts-not-a-list", "version-3",
+        "a-list", "nested-120k-deep", "pid-superscript-two", "pid-arabic-indic-one",
+        "gpu-superscript-two", "pid-negative", "label-not-a-string", "annotations-a-list",
+        "oversize"])
+def test_invalid_bodies_are_4xx_and_audited(tmp_path, body, status, words):
     async def go():
-        async with Server(tmp_path, WebhookConfig(token=TOKEN), snap_with([(4242, 1.0)])) as s:
+        async with Server(tmp_path, WebhookConfig(token=TOKEN), snap_with([(1, 1.0)])) as s:
             res = await s.post(body, headers={"Content-Type": "application/json"})
             return res, await s.settle()
     (got, answer, _), done = run(go())
     assert got == status and words in answer["error"].lower() and done == []
+    [rejected] = [r for r in read_records(tmp_path / "audit.jsonl")
+                  if r.get("note") == "webhook_rejected"]
+    assert rejected["status"] == status and rejected["peer"] == "127.0.0.1"
+    assert words in rejected["reason"].lower()
+    assert not [r for r in read_records(tmp_path / "audit.jsonl") if "action" in r]
 
 
 def test_wrong_content_type_is_415(tmp_path):
@@ -311,6 +329,7 @@ def test_reconfigure_takes_a_new_token_and_routes_and_keeps_memory(tmp_path):
             with pytest.raises(ValueError, match=r"remediation\.signal\.enabled"):
                 rem.reconfigure(rem.config, bad)
             still_old = await s.post(payload(alert(fingerprint="other")), token=TOKEN)
+            done = await s.settle()  # what started under the old settings ends under them
             new_cfg = RemediationConfig(
                 cooldown_seconds=0, dry_run=True,
                 snapshot=SnapshotConfig(dir=str(tmp_path / "snaps")),
@@ -319,13 +338,15 @@ def test_reconfigure_takes_a_new_token_and_routes_and_keeps_memory(tmp_path):
             old_token = await s.post(payload(alert(fingerprint="x")), token=TOKEN)
             repeat = await s.post(payload(alert()), token="new-token")
             fresh = await s.post(payload(alert(fingerprint="y")), token="new-token")
-            return first, still_old, old_token, repeat, fresh, await s.settle()
-    first, still_old, old_token, repeat, fresh, done = run(go())
+            after = await s.settle()
+            return first, still_old, old_token, repeat, fresh, done, after
+    first, still_old, old_token, repeat, fresh, done, after = run(go())
     assert first[0] == 200 and still_old[0] == 200
     assert old_token[0] == 401
     assert repeat[1]["ignored"][0]["reason"] == "duplicate"
     assert fresh[1]["actions"][0]["result"] == "dry_run"
     assert [(a.action, a.result) for a in done] == [("snapshot", "ok")]  # before the change
+    assert after == []
     records = list(read_records(tmp_path / "audit2.jsonl"))
     assert records[0]["note"] == "reconfigured"
     assert [r["result"] for r in records if "action" in r] == ["dry_run"]

@@ -159,8 +159,12 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
 
     j = f'job="{p.job}"'
     ident = "{{ $labels.instance }} GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
-    proc = ("process {{ $labels.process }} (pid {{ $labels.pid }}) on {{ $labels.instance }} "
-            "GPU {{ $labels.gpu }}")
+    # Who runs it, when gpuwatch knows: "pod X in namespace Y", the container, the Slurm job.
+    who = ("{{ if $labels.pod }}, pod {{ $labels.pod }} in namespace {{ $labels.namespace }}"
+           "{{ if $labels.container }}, container {{ $labels.container }}{{ end }}{{ end }}"
+           "{{ if $labels.slurm_job_id }}, Slurm job {{ $labels.slurm_job_id }}{{ end }}")
+    proc = (f"process {{{{ $labels.process }}}} (pid {{{{ $labels.pid }}}}{who}) on "
+            "{{ $labels.instance }} GPU {{ $labels.gpu }}")
     eng = "engine {{ $labels.engine }} ({{ $labels.model }}) on {{ $labels.instance }}"
     ecc = f'gpuwatch_gpu_ecc_errors_total{{{j},type="uncorrected"}}'
     failed = f'gpuwatch_remediation_actions_total{{{j},result="failed"}}'

@@ -52,8 +52,9 @@ def enable_history(torch: Any, max_entries: int) -> None:
 
 def snapshot(torch: Any, params: dict[str, Any], pid: int, request_id: str,
              own_dir: str, own_dir_fd: int) -> dict[str, Any]:
-    """Write torch.cuda.memory._snapshot() as a pickle into params["dir"] (or, when this
-    process may not write there, into its own probe directory)."""
+    """Write torch.cuda.memory._snapshot() as a pickle into this process's own probe
+    directory, under the one name the daemon expects; the daemon copies it out from there
+    (it never acts on a path a probe names)."""
     record = params.get("record_history")
     if record:
         enable_history(torch, int(record))
@@ -64,30 +65,14 @@ def snapshot(torch: Any, params: dict[str, Any], pid: int, request_id: str,
     if not with_history and entries:
         # The history can be large and was not asked for: keep the segments only.
         snap = dict(snap, device_traces=[[] for _ in traces])
-    name = f"gpuwatch-probe-{pid}-{request_id}.pickle"
-    target = params.get("dir")
-    written = None
-    if isinstance(target, str) and target:
-        try:
-            dir_fd = protocol.open_dir(os.path.abspath(target))
-        except OSError as exc:
-            log.debug("snapshot dir %s: %s", target, exc)
-        else:
-            try:
-                protocol.write_atomic(dir_fd, name, lambda f: pickle.dump(snap, f))
-                written = os.path.join(os.path.abspath(target), name)
-            except PermissionError:
-                pass  # the daemon's directory; fall back to our own
-            finally:
-                os.close(dir_fd)
-    if written is None:
-        protocol.write_atomic(own_dir_fd, name, lambda f: pickle.dump(snap, f))
-        written = os.path.join(own_dir, name)
+    name = protocol.snapshot_name(pid, request_id)
+    protocol.write_atomic(own_dir_fd, name, lambda f: pickle.dump(snap, f))
     result: dict[str, Any] = {
         "ok": True,
-        "path": written,
+        "name": name,
+        "path": os.path.join(own_dir, name),
         "segments": len(snap.get("segments") or ()),
-        "bytes": os.stat(written).st_size,
+        "bytes": os.stat(name, dir_fd=own_dir_fd, follow_symlinks=False).st_size,
         "history": with_history and entries > 0,
         "history_entries": entries if with_history else 0,
     }

@@ -45,14 +45,26 @@ def _own_create_time() -> float | None:
         return None
 
 
+class WaitingForDaemon(OSError):
+    """Our directory in the shared probe directory is not there yet: the root daemon makes
+    it once this process shows up on a GPU."""
+
+
 def open_own_dir(base: str) -> int:
-    """A descriptor on `<base>/<our uid>`, created 0700; refuses one someone else owns."""
+    """A descriptor on `<base>/<our uid>`, created 0700 where we may (our own private probe
+    directory, or we are root); refuses one someone else owns."""
     uid = os.geteuid()
     protocol.ensure_base(base)
     base_fd = protocol.open_dir(base)
     try:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(str(uid), 0o700, dir_fd=base_fd)
+        except FileExistsError:
+            pass
+        except PermissionError:
+            if not os.path.lexists(os.path.join(base, str(uid))):
+                raise WaitingForDaemon(f"{base}/{uid} is not there yet: the gpuwatch daemon "
+                                       "makes it when this process uses a GPU") from None
         fd = protocol.open_dir(str(uid), dir_fd=base_fd)
     finally:
         os.close(base_fd)
@@ -183,10 +195,18 @@ class Agent:
         record = protocol.ProbeRecord(pid=self.pid, t=time.time(),
                                       create_time=self.create_time,
                                       interval_seconds=self.interval)
+        host = sys.modules.get("torch")
+        if host is not None and getattr(getattr(host, "version", None), "cuda", "") is None:
+            # A CPU build of torch (vLLM's CPU backend, say): there will never be a CUDA
+            # allocator here, and waiting for one would look like a broken probe.
+            record.status = "no_cuda"
+            self._warn_once("no_cuda", "gpuwatch probe: torch %s in pid %d is built without "
+                            "CUDA; this process has no GPU memory to report",
+                            getattr(host, "__version__", "?"), self.pid)
+            return record
         torch = self.torch()
         if torch is None:
-            record.status = ("no_torch" if "torch" not in sys.modules
-                             else "cuda_not_initialized")
+            record.status = ("no_torch" if host is None else "cuda_not_initialized")
             return record
         record.torch_version = str(getattr(torch, "__version__", ""))
         if self._reader is None:

@@ -3,9 +3,9 @@ sends them requests) and by the probe itself (which reads them from GPUWATCH_PRO
 the same names the daemon's configuration loader maps to this section).
 
 Where probes publish, when `dir` is empty:
-  * `/run/gpuwatch/probe` when we are root, or when it exists and we may write there (a root
-    daemon creates it sticky and world-writable like /tmp, so probes of every user can add
-    their own owner-only directory);
+  * `/run/gpuwatch/probe` when we are root, or when it exists (a root daemon creates it,
+    0755, and makes inside it an owner-only directory for each user whose process shows up
+    on a GPU);
   * otherwise `<temp dir>/gpuwatch-<uid>/probe`, private to one user: a daemon running as that
     user finds the probes of that user's processes.
 Inside it each user has `<uid>/` (mode 0700) holding `<pid>.json` per process.
@@ -96,8 +96,6 @@ def resolve_dir(configured: str = "") -> str:
     """The directory probes publish into (see the module docstring)."""
     if configured:
         return configured
-    if os.geteuid() == 0 or (
-        os.path.isdir(SYSTEM_DIR) and os.access(SYSTEM_DIR, os.W_OK | os.X_OK)
-    ):
+    if os.geteuid() == 0 or os.path.isdir(SYSTEM_DIR):
         return SYSTEM_DIR
     return os.path.join(tempfile.gettempdir(), f"gpuwatch-{os.geteuid()}", "probe")

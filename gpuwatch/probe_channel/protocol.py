@@ -1,7 +1,8 @@
 """What a probe and the daemon exchange through the probe directory, and the careful file I/O
 both sides use.
 
-Layout: `<probe dir>/<uid>/` (mode 0700, owned by uid) holds, per process of that user,
+Layout: `<probe dir>/<uid>/` (mode 0700, owned by uid; made by a root daemon, or by the
+probe where the probe directory is its user's own) holds, per process of that user,
 `<pid>.json` (the stats record), `req-<pid>-<id>.json` (a request from the daemon) and
 `res-<pid>-<id>.json` (the probe's answer). Temporary files start with a dot.
 
@@ -74,6 +75,11 @@ def result_name(pid: int, request_id: str) -> str:
     return f"res-{pid}-{request_id}.json"
 
 
+def snapshot_name(pid: int, request_id: str) -> str:
+    """The one name a snapshot answering request_id may have, in the probe's own directory."""
+    return f"gpuwatch-probe-{pid}-{request_id}.pickle"
+
+
 def new_request_id() -> str:
     return secrets.token_hex(8)
 
@@ -108,9 +114,9 @@ def write_atomic(dir_fd: int, name: str, data: bytes | Callable[[BinaryIO], obje
         raise
 
 
-def read_regular(dir_fd: int, name: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
-    """The content and status of a regular file in the directory; OSError or ValueError when
-    it is a symlink, not a regular file, or larger than max_bytes."""
+def open_regular(dir_fd: int, name: str, max_bytes: int) -> tuple[int, os.stat_result]:
+    """(descriptor, status) of a regular file in the directory, opened for reading; OSError or
+    ValueError when it is a symlink, not a regular file, or larger than max_bytes."""
     # O_NONBLOCK: a FIFO planted under a probe's name must not hang the reader.
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                  dir_fd=dir_fd)
@@ -120,6 +126,17 @@ def read_regular(dir_fd: int, name: str, max_bytes: int) -> tuple[bytes, os.stat
             raise ValueError(f"{name}: not a regular file")
         if st.st_size > max_bytes:
             raise ValueError(f"{name}: {st.st_size} bytes, more than {max_bytes}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(dir_fd: int, name: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
+    """The content and status of a regular file in the directory; OSError or ValueError when
+    it is a symlink, not a regular file, or larger than max_bytes."""
+    fd, st = open_regular(dir_fd, name, max_bytes)
+    try:
         chunks = []
         left = max_bytes + 1
         while left > 0:
@@ -142,17 +159,21 @@ def unlink_quietly(dir_fd: int, name: str) -> None:
 
 
 def ensure_base(base: str) -> None:
-    """Create the probe directory if needed: shared (sticky, like /tmp) when root creates
-    it, so every user's probes can add their own directory; private otherwise."""
-    if os.path.isdir(base):
-        return
+    """Create the probe directory if needed: as root 0755 (users may enter, only root may add:
+    the daemon makes each user's directory, so nobody can take another's name); private to
+    its user otherwise. A root directory left world-writable by an older version is closed."""
     root = os.geteuid() == 0
-    parent = os.path.dirname(os.path.abspath(base))
-    if not os.path.isdir(parent):
-        os.makedirs(parent, mode=0o755 if root else 0o700, exist_ok=True)
-    try:
-        os.mkdir(base, 0o700)
-    except FileExistsError:
-        return
+    if not os.path.isdir(base):
+        parent = os.path.dirname(os.path.abspath(base))
+        if not os.path.isdir(parent):
+            os.makedirs(parent, mode=0o755 if root else 0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(base, 0o700)
     if root:
-        os.chmod(base, 0o1777)
+        fd = open_dir(base)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == 0 and stat.S_IMODE(st.st_mode) != 0o755:
+                os.fchmod(fd, 0o755)
+        finally:
+            os.close(fd)

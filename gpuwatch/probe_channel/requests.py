@@ -4,12 +4,16 @@ A request is a file `req-<pid>-<id>.json` written atomically into the probe's di
 (`<probe dir>/<uid of the process>/`); the probe takes it, acts, and writes
 `res-<pid>-<id>.json`. The probe only obeys request files owned by root, by its own uid or by
 a uid it was configured to trust; the daemon only believes answers owned by the process's
-user, and checks a snapshot's path before handing it on.
+user. A snapshot is never taken from a path the probe names: the probe writes it under the
+one name the daemon expects in its own directory, and copy_out() copies it from there through
+the directory's descriptor (no symlink followed, the owner checked on the opened file) into a
+new file of the daemon's own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 import time
@@ -100,27 +104,61 @@ def _take_result(probe_dir: str, pid: int, request_id: str) -> dict[str, Any] | 
             raise ValueError(f"probe in pid {pid} answered invalid JSON: {exc}") from None
         if not isinstance(result, dict):
             raise ValueError(f"probe in pid {pid} answered {type(result).__name__}")
-        if result.get("path") is not None:
-            _check_written_file(result, uid)
+        name = result.get("name")
+        if name is not None and name != protocol.snapshot_name(pid, request_id):
+            result.update(ok=False, name=None, error=f"snapshot under another name: {name!r}")
         return result
     finally:
         os.close(fd)
 
 
-def _check_written_file(result: dict[str, Any], uid: int) -> None:
-    """A snapshot path must be a regular file of the probe's user, not a link it planted
-    to make the daemon move or read something else."""
-    path = result.get("path")
+def copy_out(probe_dir: str, pid: int, request_id: str, dest: str, max_bytes: int) -> int:
+    """Copy the snapshot the probe in pid wrote for request_id into dest, a new owner-only
+    file of ours, and remove the probe's file. Returns the bytes copied.
+
+    Only `<probe dir>/<uid>/<the expected name>` is opened, through the directory's
+    descriptor and without following a symlink; it must be a regular file with one link,
+    owned by the process's user, at most max_bytes long. Raises OSError / ValueError."""
+    if not protocol.REQUEST_ID_RE.fullmatch(request_id):
+        raise ValueError(f"not a request id: {request_id!r}")
+    name = protocol.snapshot_name(pid, request_id)
+    dir_fd, uid = _open_probe_dir(probe_dir, pid)
     try:
-        if not isinstance(path, str) or not os.path.isabs(path):
-            raise ValueError("not an absolute path")
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("not a regular file")
-        if st.st_uid != uid:
-            raise ValueError(f"owned by uid {st.st_uid}, not {uid}")
-    except (OSError, ValueError) as exc:
-        result.update(ok=False, path=None, error=f"snapshot file {path!r} refused: {exc}")
+        src, st = protocol.open_regular(dir_fd, name, max_bytes)
+        try:
+            if st.st_uid != uid:
+                raise ValueError(f"{name}: owned by uid {st.st_uid}, not {uid}")
+            if st.st_nlink != 1:
+                raise ValueError(f"{name}: {st.st_nlink} links (a link to another file?)")
+            return _copy(src, dest, max_bytes)
+        finally:
+            os.close(src)
+    finally:
+        protocol.unlink_quietly(dir_fd, name)  # a name in the probe's own directory only
+        os.close(dir_fd)
+
+
+def _copy(src: int, dest: str, max_bytes: int) -> int:
+    out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  0o600)
+    copied = 0
+    try:
+        os.fchmod(out, 0o600)  # whatever the umask
+        while chunk := os.read(src, 1 << 20):
+            copied += len(chunk)
+            if copied > max_bytes:
+                raise ValueError(f"snapshot grew past {max_bytes} bytes while copied")
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view):]
+        os.fsync(out)
+    except BaseException:
+        os.close(out)
+        with contextlib.suppress(OSError):
+            os.unlink(dest)
+        raise
+    os.close(out)
+    return copied
 
 
 def _withdraw(probe_dir: str, pid: int, request_id: str) -> None:

@@ -2,32 +2,50 @@
 
 Bearer token required (constant-time compare); without a configured token the endpoint is
 disabled. Only firing alerts act, each (fingerprint, startsAt) once. Every answer is a JSON
-object; bad input gets a 4xx, never a crash.
+object; bad input gets a 4xx and an audit record, never a 500: a sender that can reach the
+port must not be able to crash a handler or go unrecorded.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
 import logging
 import re
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
 
 from gpuwatch.events import Event
-from gpuwatch.remediation.config import WebhookConfig, parse_action
-
-if TYPE_CHECKING:
-    from gpuwatch.remediation.remediator import Remediator
+from gpuwatch.remediation.config import RemediationConfig, WebhookConfig, parse_action
 
 log = logging.getLogger(__name__)
 
 DEDUP_MAX_ENTRIES = 10_000
+YIELD_EVERY = 25
 DEFAULT_ACTIONS = (("snapshot", ""),)
+# Only ASCII digits name a pid or a GPU index: str.isdigit() also accepts superscript two
+# (which int() refuses) and the Arabic-Indic digit one (which int() reads as 1).
+_ASCII_NUMBER = re.compile(r"[0-9]{1,10}")
+
+
+class Actor(Protocol):
+    """What the webhook needs from the remediator (kept abstract so neither module imports
+    the other)."""
+
+    config: RemediationConfig
+
+    @property
+    def snap(self) -> Any: ...
+
+    def act(self, event: Event, actions: tuple, *, trigger: str,
+            context: dict[str, Any]) -> list: ...
+
+    def audit_rejected(self, status: int, reason: str, peer: str | None) -> None: ...
 
 
 class Alert(msgspec.Struct, kw_only=True, rename="camel"):
@@ -56,7 +74,7 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
 
 
 class AlertmanagerWebhook:
-    def __init__(self, remediator: Remediator, config: WebhookConfig, *, clock) -> None:
+    def __init__(self, remediator: Actor, config: WebhookConfig, *, clock) -> None:
         self.remediator = remediator
         self.clock = clock
         self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
@@ -73,10 +91,14 @@ class AlertmanagerWebhook:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
-            return await self._handle(request)
+            resp = await self._handle(request)
         except Exception:
             log.exception("alertmanager webhook: unexpected error")
-            return _error(500, "internal error (logged)")
+            resp = _error(500, "internal error (logged)")
+        if resp.status >= 400:
+            with contextlib.suppress(Exception):  # accounting must not turn a 4xx into a 500
+                self.remediator.audit_rejected(resp.status, _reason_of(resp), request.remote)
+        return resp
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if not self._token:
@@ -96,12 +118,17 @@ class AlertmanagerWebhook:
             payload = _decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return _error(400, f"invalid Alertmanager payload: {exc}")
+        except RecursionError:
+            return _error(400, "invalid Alertmanager payload: nested too deeply")
+        bad = _bad_labels(payload)
+        if bad:
+            return _error(400, f"invalid Alertmanager payload: {bad}")
         if payload.version != "4":
             return _error(400, f"unsupported payload version {payload.version!r} (expected '4')")
         if self.remediator.snap is None or getattr(self.remediator.snap, "tick", None) is None:
             # Alertmanager retries on 5xx: the first sample is seconds away.
             return _error(503, "no sample yet", **{"Retry-After": "5"})
-        return web.json_response(self.process(payload))
+        return web.json_response(await self.process(payload))
 
     def _authorized(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")
@@ -121,12 +148,14 @@ class AlertmanagerWebhook:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def process(self, payload: Payload) -> dict[str, Any]:
+    async def process(self, payload: Payload) -> dict[str, Any]:
         now = self.clock()
         self._expire(now)
         actions: list[dict] = []
         ignored: list[dict] = []
-        for alert in payload.alerts:
+        for i, alert in enumerate(payload.alerts):
+            if i and i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # let scrapes in between decisions of a large batch
             name = alert.labels.get("alertname", "")
             fp = alert.fingerprint or _fingerprint(alert.labels)
             why = self._ignore_reason(alert, fp)
@@ -138,24 +167,32 @@ class AlertmanagerWebhook:
                 ignored.append({"alertname": name, "fingerprint": fp, "reason": "no route"})
                 continue
             event = _event_from(alert, now, self.remediator.snap)
-            if event is None:
-                ignored.append({"alertname": name, "fingerprint": fp,
-                                "reason": "labels name no uuid/gpu, pid or engine"})
+            # An alert that names only a pod acts on that pod's GPU processes on this host.
+            events = [event] if event is not None else _pod_events(alert, now,
+                                                                   self.remediator.snap)
+            if not events:
+                labels = alert.labels
+                why = (f"pod {labels.get('namespace')}/{labels['pod']} has no GPU process on "
+                       "this host" if labels.get("pod") and labels.get("namespace") else
+                       "labels name no uuid/gpu, pid, engine or namespace/pod")
+                ignored.append({"alertname": name, "fingerprint": fp, "reason": why})
                 continue
-            if event.gpu_uuid and event.gpu_uuid not in self._local_uuids():
+            if event is not None and event.gpu_uuid and event.gpu_uuid not in self._local_uuids():
                 # One Alertmanager receiver fans out to every host: not ours to act on.
                 ignored.append({"alertname": name, "fingerprint": fp,
                                 "reason": f"GPU {event.gpu_uuid} is not on this host"})
                 continue
             self._seen[(fp, alert.starts_at)] = now
-            decided = self.remediator.act(
-                event, route, trigger="alertmanager",
-                context={"alertname": name, "fingerprint": fp, "receiver": payload.receiver},
-            )
-            started = len(route) - len(decided)
-            actions += [msgspec.to_builtins(a) for a in decided]
-            if started:
-                actions.append({"alertname": name, "fingerprint": fp, "started": started})
+            for event in events:
+                decided = self.remediator.act(
+                    event, route, trigger="alertmanager",
+                    context={"alertname": name, "fingerprint": fp,
+                             "receiver": payload.receiver},
+                )
+                started = len(route) - len(decided)
+                actions += [msgspec.to_builtins(a) for a in decided]
+                if started:
+                    actions.append({"alertname": name, "fingerprint": fp, "started": started})
         return {"status": "ok", "actions": actions, "ignored": ignored}
 
     def _local_uuids(self) -> set[str]:
@@ -188,19 +225,55 @@ class AlertmanagerWebhook:
             del self._seen[key]
 
 
+def _reason_of(resp: web.Response) -> str:
+    try:
+        return str(msgspec.json.decode(resp.body).get("error", ""))[:300]
+    except (msgspec.DecodeError, AttributeError, TypeError):
+        return ""
+
+
+def _bad_labels(payload: Payload) -> str:
+    """Why the payload's pid / gpu labels cannot be used, or "" when they can."""
+    for i, alert in enumerate(payload.alerts):
+        for key in ("pid", "gpu"):
+            value = alert.labels.get(key, "")
+            if value and not _ASCII_NUMBER.fullmatch(value):
+                return f"alerts[{i}].labels.{key} = {value[:32]!r} is not an ASCII number"
+    return ""
+
+
 def _fingerprint(labels: dict[str, str]) -> str:
     text = "\xff".join(f"{k}\xff{v}" for k, v in sorted(labels.items()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+MAX_POD_TARGETS = 16  # one alert never fans out to more processes than this
+
+
+def _pod_events(alert: Alert, now: float, snap: Any) -> list[Event]:
+    """The GPU processes of the pod an alert names (namespace and pod both required: a pod
+    name alone is not unique), as events the same guardrails then judge one by one."""
+    labels = alert.labels
+    ns, pod = labels.get("namespace"), labels.get("pod")
+    if not ns or not pod:
+        return []
+    procs = [(g.uuid, p) for g in getattr(getattr(snap, "tick", None), "gpus", ())
+             if not g.lost for p in g.processes if p.namespace == ns and p.pod == pod]
+    return [Event(t=now, signal=labels.get("signal") or labels.get("alertname", "alert"),
+                  state="firing", severity=labels.get("severity", "warning"), gpu_uuid=uuid,
+                  pid=p.pid, namespace=ns, pod=pod, container=p.container or None,
+                  message=alert.annotations.get("summary", ""))
+            for uuid, p in procs[:MAX_POD_TARGETS]]
+
+
 def _event_from(alert: Alert, now: float, snap: Any) -> Event | None:
     labels = alert.labels
     uuid = labels.get("uuid") or None
-    if uuid is None and labels.get("gpu", "").isdigit():
+    if uuid is None and labels.get("gpu"):
         tick = getattr(snap, "tick", None)
         index = int(labels["gpu"])
         uuid = next((g.uuid for g in getattr(tick, "gpus", ()) if g.index == index), None)
-    pid = int(labels["pid"]) if labels.get("pid", "").isdigit() else None
+    pid = int(labels["pid"]) if labels.get("pid") else None
     engine = labels.get("engine") or None
     if uuid is None and pid is None and engine is None:
         return None

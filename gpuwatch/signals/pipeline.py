@@ -7,7 +7,7 @@ from typing import Protocol
 
 from gpuwatch.engines.analyzer import EngineAnalyzer
 from gpuwatch.events import Event
-from gpuwatch.model import Tick
+from gpuwatch.model import ATTRIBUTION_FIELDS, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.fragmentation import FragmentationAnalyzer
@@ -38,6 +38,9 @@ class Pipeline:
         self.conditions = Conditions()
         self.analyzers = build_analyzers(config, table)
         self.errors = 0
+        # (gpu uuid, pid) -> process of the last tick: names the owner of a process in the
+        # event that resolves its condition after it exited.
+        self._seen: dict[tuple[str, int], ProcessSample] = {}
 
     @classmethod
     def from_config(cls, config) -> Pipeline:
@@ -57,7 +60,32 @@ class Pipeline:
                 # One analyzer's bug costs its own conclusions for this tick, nothing else.
                 self.errors += 1
                 log.exception("analyzer %s failed at t=%s", type(analyzer).__name__, tick.t)
+        self._attribute(tick, events)
         return events
+
+    def _attribute(self, tick: Tick, events: list[Event]) -> None:
+        """Name the pod/container/Slurm job of a process event, from the sample (so replay
+        names them as the live run did). Before publication: events stay immutable after."""
+        live = {(g.uuid, p.pid): p for g in tick.gpus for p in g.processes}
+        for ev in events:
+            if ev.pid is None:
+                proc = self._sole_owner(tick, ev.gpu_uuid)
+            else:
+                proc = live.get((ev.gpu_uuid, ev.pid)) or self._seen.get((ev.gpu_uuid, ev.pid))
+            if proc is None:
+                continue
+            for name in ATTRIBUTION_FIELDS:
+                if getattr(proc, name):
+                    setattr(ev, name, getattr(proc, name))
+        if tick.gpus:
+            self._seen = live
+
+    @staticmethod
+    def _sole_owner(tick: Tick, uuid: str | None) -> ProcessSample | None:
+        """A GPU event names the owner when every process on the GPU has the same one."""
+        procs = next((g.processes for g in tick.gpus if g.uuid == uuid), [])
+        owners = {tuple(getattr(p, f) for f in ATTRIBUTION_FIELDS) for p in procs}
+        return procs[0] if len(owners) == 1 else None
 
     def _prune(self, tick: Tick) -> None:
         """Forget GPUs and processes that are no longer there, so their series disappear."""

@@ -17,6 +17,7 @@ MODULES = (
     "gpuwatch.exporter.families.memory_signals",
     "gpuwatch.exporter.families.remediation",
     "gpuwatch.exporter.families.allocator",
+    "gpuwatch.exporter.families.attribution",
 )
 
 

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwatch.exporter.families.process import PROCESS_LABELS
+from gpuwatch.exporter.families.process import PROCESS_LABELS, process_labels
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.model import ProcessSample
 from gpuwatch.signals.fragmentation import locate
 
 P = "gpuwatch_process_allocator_"
@@ -53,8 +54,9 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         if (gpu.uuid, probe.pid) in seen:
             continue
         seen.add((gpu.uuid, probe.pid))
-        name = next((p.name for p in gpu.processes if p.pid == probe.pid), "")
-        lv = [str(gpu.index), gpu.uuid, str(probe.pid), name]
+        proc = next((p for p in gpu.processes if p.pid == probe.pid),
+                    ProcessSample(pid=probe.pid))
+        lv = process_labels(gpu, proc)
         for f, fam in (*gauges.items(), *counters.items()):
             value = getattr(probe, f)
             if value is not None:

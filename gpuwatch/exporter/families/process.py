@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.model import ATTRIBUTION_FIELDS
 
-PROCESS_LABELS = ["gpu", "uuid", "pid", "process"]
+# Every process series carries these, attribution included ("" when unknown), so that
+# queries join and aggregate by pod or job without a second lookup. Build label values
+# with process_labels() only.
+PROCESS_LABELS = ["gpu", "uuid", "pid", "process", *ATTRIBUTION_FIELDS]
 
 
 def process_labels(gpu, proc) -> list[str]:
-    return [str(gpu.index), gpu.uuid, str(proc.pid), proc.name]
+    return [str(gpu.index), gpu.uuid, str(proc.pid), proc.name,
+            *(getattr(proc, name) for name in ATTRIBUTION_FIELDS)]
+
+
+def pod_label_keys(snap: Snapshot) -> list[str]:
+    """The allow-listed pod labels gpuwatch_process_info carries (configuration-defined)."""
+    api = getattr(getattr(snap.config, "attribution", None), "kubernetes_api", None)
+    return list(api.pod_labels) if api is not None and api.enabled else []
+
+
+def label_name(key: str) -> str:
+    """A pod label key as a Prometheus label name, as kube-state-metrics writes it."""
+    return "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
 def collect(snap: Snapshot) -> Iterator[Metric]:
     if snap.tick is None:
         return
+    keys = pod_label_keys(snap)
     used = GaugeMetricFamily(
         "gpuwatch_process_gpu_memory_used_bytes",
         "GPU memory used by the process as NVML reports it (absent when the driver cannot tell).",
@@ -25,7 +43,7 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     )
     info = GaugeMetricFamily(
         "gpuwatch_process_info", "Process identity on a GPU (value 1).",
-        labels=[*PROCESS_LABELS, "user", "type", "pod", "namespace", "container"],
+        labels=[*PROCESS_LABELS, "user", "type", *dict.fromkeys(map(label_name, keys))],
     )
     start = GaugeMetricFamily(
         "gpuwatch_process_start_time_seconds", "Process start time (Unix seconds).",
@@ -34,7 +52,8 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     for g in snap.tick.gpus:
         for p in g.processes:
             lv = process_labels(g, p)
-            info.add_metric([*lv, p.user, p.type, p.pod, p.namespace, p.container], 1)
+            pod_labels = {label_name(k): p.pod_labels.get(k, "") for k in keys}
+            info.add_metric([*lv, p.user, p.type, *pod_labels.values()], 1)
             if p.used_memory_bytes is not None:
                 used.add_metric(lv, p.used_memory_bytes)
             if p.create_time is not None:

@@ -44,11 +44,13 @@ def derive_endpoint(engine: str, kind: str, metrics_url: str,
 
 async def via_probe(probe_dir: str, pid: int, timeout: float) -> dict:
     res = await probe_channel.request(probe_dir, pid, "flush", None, timeout)
+    # The answer is the process's user's text: only typed, short facts of it are kept.
     if not res.get("ok"):
-        raise HookFailed(f"probe flush in pid {pid} failed: {res.get('error') or 'no reason'}")
+        why = str(res.get("error") or "no reason")[:300]
+        raise HookFailed(f"probe flush in pid {pid} failed: {why}")
     detail = {"via": "probe"}
     for key in ("released_bytes", "reserved_before", "reserved_after"):
-        if res.get(key) is not None:
+        if type(res.get(key)) is int:
             detail[key] = res[key]
     return detail
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from gpuwatch.remediation.hooks import HookFailed
@@ -25,4 +26,17 @@ async def request(probe_dir: str, pid: int, action: str, params: dict[str, Any] 
         raise HookFailed(f"probe request to pid {pid} failed: {exc}") from None
     if not isinstance(result, dict):
         raise HookFailed(f"probe in pid {pid} answered {type(result).__name__}, not an object")
+    result["request_id"] = request_id  # ours, whatever the probe put there
     return result
+
+
+async def copy_snapshot(probe_dir: str, pid: int, request_id: str, dest: str,
+                        max_bytes: int) -> int:
+    """Copy the snapshot the probe wrote for request_id into dest (off the event loop);
+    HookFailed when it cannot be had."""
+    from gpuwatch.probe_channel.requests import copy_out
+
+    try:
+        return await asyncio.to_thread(copy_out, probe_dir, pid, request_id, dest, max_bytes)
+    except (OSError, ValueError) as exc:
+        raise HookFailed(f"snapshot of pid {pid} refused: {exc}") from None

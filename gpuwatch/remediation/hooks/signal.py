@@ -1,9 +1,10 @@
 """Send a signal to one process, and only to the process that was judged.
 
-Identity is the pid together with its create time as sampled: a pid reused by a new process
-has another create time and is refused. Where the platform has pidfds the signal goes
-through one opened *before* the identity check, so the process cannot be swapped between
-check and send.
+Identity is the pid together with its start time as sampled, compared exactly in clock ticks
+(gpuwatch.remediation.identity). The signal goes through a pidfd: the one the remediator
+opened when it first saw the process on a GPU where it holds one (a pid reused since cannot
+be reached through it), else one opened *before* the identity check, so the process cannot
+be swapped between check and send. Without pidfds, kill() after the check is all there is.
 """
 
 from __future__ import annotations
@@ -16,33 +17,33 @@ from collections.abc import Sequence
 
 import psutil
 
+from gpuwatch.remediation import identity
 from gpuwatch.remediation.config import AllowRule
 from gpuwatch.remediation.hooks import HookFailed, Refused
 
-# psutil derives create time from boot time + start ticks: the same process reads the same
-# value every time, a different one differs by far more than this.
-CREATE_TIME_TOLERANCE = 0.05
 
-
-def check_identity(pid: int, create_time: float | None) -> psutil.Process:
+def check_identity(pid: int, create_time: float | None,
+                   proc_root: str = identity.PROC) -> psutil.Process:
     """The live process at pid, if it is the one sampled; raises Refused otherwise."""
     if pid <= 1 or pid == os.getpid():
         raise Refused(f"pid {pid} is never signalled")
     if create_time is None:
         raise Refused(f"pid {pid}: no create time was sampled, identity cannot be checked")
     try:
+        same = identity.same_process(pid, create_time, proc_root)
         proc = psutil.Process(pid)
-        live = proc.create_time()
         status = proc.status()
     except psutil.NoSuchProcess:
         raise Refused(f"pid {pid} no longer exists") from None
     except psutil.AccessDenied:
         raise Refused(f"pid {pid}: access denied reading its identity") from None
-    if abs(live - create_time) > CREATE_TIME_TOLERANCE:
-        raise Refused(
-            f"pid {pid} no longer matches (created {live:.2f}, sampled {create_time:.2f}): "
-            "pid reused"
-        )
+    except (OSError, ValueError, IndexError) as exc:
+        raise Refused(f"pid {pid}: cannot read its start time ({exc})") from None
+    if same is None:
+        raise Refused(f"pid {pid} no longer exists")
+    if not same:
+        raise Refused(f"pid {pid} no longer matches the sampled process (another start "
+                      "time): pid reused")
     if status == psutil.STATUS_ZOMBIE:
         raise Refused(f"pid {pid} is a zombie")
     return proc
@@ -72,16 +73,25 @@ def allowed_by(proc: psutil.Process, rules: Sequence[AllowRule]) -> AllowRule | 
 
 
 def send(pid: int, create_time: float | None, signum: int,
-         allow: Sequence[AllowRule], *, dry_run: bool = False) -> dict:
-    """Check identity and allow-list, then signal. Returns the detail for the audit log."""
-    pidfd = _pidfd_open(pid)
+         allow: Sequence[AllowRule], *, dry_run: bool = False,
+         pidfd: int | None = None) -> dict:
+    """Check identity and allow-list, then signal. pidfd: one taken when the process was
+    first seen (closed here). Returns the detail for the audit log."""
+    how = "pidfd held since first seen"
+    if pidfd is None:
+        pidfd = _pidfd_open(pid)
+        how = ("start time, pidfd opened before the check" if pidfd is not None
+               else "start time only (no pidfd on this system)")
     try:
+        if pidfd is not None and not _alive(pidfd):
+            raise Refused(f"pid {pid}: the sampled process has exited")
         proc = check_identity(pid, create_time)
         rule = allowed_by(proc, allow)
         if rule is None:
             raise Refused(f"pid {pid} ({proc.name()}) matches no entry of remediation.signal.allow")
         detail = {
             "pid": pid, "signal": _signal.Signals(signum).name, "pidfd": pidfd is not None,
+            "identity": how,
             "allowed_by": {k: v for k, v in (("name", rule.name), ("cmdline", rule.cmdline),
                                              ("user", rule.user)) if v},
         }
@@ -102,8 +112,18 @@ def send(pid: int, create_time: float | None, signum: int,
             os.close(pidfd)
 
 
+def _alive(pidfd: int) -> bool:
+    try:
+        _signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _pidfd_open(pid: int) -> int | None:
-    if not hasattr(os, "pidfd_open") or not hasattr(_signal, "pidfd_send_signal"):
+    if not identity.pidfd_supported():
         return None
     try:
         return os.pidfd_open(pid)

@@ -3,17 +3,15 @@ probe in the process, the allocator snapshot pickle (optionally with the recorde
 history) that PyTorch's memory visualizer opens.
 
 Files are owner-only, in an owner-only directory; the directory's gpuwatch-* files are
-capped in total size, oldest deleted first.
+capped in total size, oldest deleted first. The probe's pickle is copied out of the probe's
+own directory (gpuwatch.probe_channel.requests.copy_out), never moved from a path it names.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
-import shutil
-import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -73,31 +71,6 @@ def write_private(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _regular_file(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.lstat().st_mode)  # never follow a link the probe left
-    except OSError:
-        return False
-
-
-def _adopt(src: Path, dest: Path) -> Path:
-    """Move the probe's file under our name and mode; keep it where it is if that fails."""
-    try:
-        try:
-            os.replace(src, dest)
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            shutil.copyfile(src, dest, follow_symlinks=False)
-            src.unlink()
-        dest.chmod(0o600)
-        return dest
-    except OSError:
-        with contextlib.suppress(OSError):
-            src.chmod(0o600)
-        return src
-
-
 def enforce_cap(directory: Path, max_total_bytes: int, keep: set[Path] = frozenset()) -> list[str]:
     """Delete the oldest gpuwatch-* files until the total fits; returns the names deleted."""
     files = []
@@ -142,22 +115,27 @@ async def take(snap: Any, target: Target, event: dict[str, Any], *, directory: s
     if target.pid is not None and has_probe:
         try:
             res = await probe_channel.request(probe_dir, target.pid, "snapshot",
-                                              {"dir": str(d), "history": history}, timeout)
+                                              {"history": history}, timeout)
+            if res.get("ok"):
+                path = d / f"{stem}-allocator.pickle"
+                await probe_channel.copy_snapshot(probe_dir, target.pid, res["request_id"],
+                                                  str(path), max_total_bytes)
         except HookFailed as exc:
             detail["probe_error"] = str(exc)
         else:
-            path = Path(res.get("path") or "")
-            if res.get("ok") and _regular_file(path):
-                path = _adopt(path, d / f"{stem}-allocator.pickle")
+            if res.get("ok"):
                 written.add(path)
                 detail["allocator_snapshot"] = str(path)
-                detail["segments"] = res.get("segments")
+                # What the probe says is the user's text: typed and cut short before it is
+                # audited.
+                segments = res.get("segments")
+                detail["segments"] = segments if type(segments) is int else None
                 if history:
                     detail["history"] = bool(res.get("history", True))
                 if res.get("note"):
-                    detail["probe_note"] = res["note"]
+                    detail["probe_note"] = str(res["note"])[:300]
             else:
-                detail["probe_error"] = res.get("error") or "probe wrote no snapshot"
+                detail["probe_error"] = str(res.get("error") or "probe wrote no snapshot")[:300]
     elif target.pid is not None:
         detail["probe"] = "none in this process: NVML state only"
     deleted = enforce_cap(d, max_total_bytes, keep=written)

@@ -76,7 +76,7 @@ class SimulatedBackend:
                        total - gpu.reserved_bytes)
             util = 0.0 if not procs else 0.55 + 0.35 * math.sin(elapsed / 37.0 + g)
             out.append(GpuSample(
-                index=g, uuid=f"GPU-5150{g:04d}-sim0-4a1e-9000-{self.seed:012d}",
+                index=g, uuid=self._uuid(g),
                 name=name, pci_bus_id=f"00000000:{0x18 + g * 0x10:02X}:00.0",
                 memory_total_bytes=total, memory_used_bytes=int(used),
                 memory_free_bytes=int(total - gpu.reserved_bytes - used),
@@ -94,6 +94,26 @@ class SimulatedBackend:
 
     def _pid(self, spec: ProcessSpec, gen: int) -> int:
         return self.real_pids.get(spec.name) or _pid(spec, gen)
+
+    def attribution_host(self):
+        """The simulated node's cgroups and kubelet, when the scenario places pods; None
+        otherwise (simulated pids must never be looked up in the real /proc)."""
+        pods = self.scenario.extra.get("pods")
+        if not pods:
+            return None
+        from gpuwatch.sources.simulate.kubernetes import SimulatedNode
+
+        def locate(pid: int):
+            slot, gen = divmod(pid - 40000, 1000)
+            return (slot, gen) if pid >= 40000 else None
+
+        node = SimulatedNode(pods, locate)
+        node.gpus = [(self._uuid(g), [s.slot for s in gpu.processes])
+                     for g, gpu in enumerate(self.scenario.gpus)]
+        return node
+
+    def _uuid(self, g: int) -> str:
+        return f"GPU-5150{g:04d}-sim0-4a1e-9000-{self.seed:012d}"
 
     def _create_time(self, spec: ProcessSpec, simulated: float) -> float:
         """A process standing in for a real pid carries that process's identity."""

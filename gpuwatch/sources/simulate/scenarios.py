@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
+from gpuwatch.sources.simulate.kubernetes import Placement
 from gpuwatch.sources.simulate.trajectory import GIB, MB, ProcessSpec
 
 MIB = 1024 * 1024
@@ -116,6 +117,29 @@ def mixed() -> Scenario:
     )
 
 
+def kubernetes() -> Scenario:
+    """Pods of two namespaces on three A100s: a two-GPU pod (with a sidecar), a pod that
+    shares the second GPU with it (time-slicing), and a pod that leaks."""
+    llama = Placement("serving", "llama-70b-7c9f", "vllm", sidecars=("metrics-proxy",))
+    return Scenario(
+        "kubernetes", "a Kubernetes node: pods in two namespaces on 3 A100-80GB, one GPU "
+        "shared by two pods, one leaking pod (cgroups and pod-resources simulated)",
+        (
+            GpuSpec(A100_80, (_server(0, 30, name="vllm"),)),
+            GpuSpec(A100_80, (_server(1, 30, name="vllm"), _server(2, 8, name="embedder"))),
+            GpuSpec(A100_80, (
+                _server(3, 10, name="tokenizer-svc", leak_bytes_per_second=50 * MB,
+                        start_seconds=ALREADY_RUNNING, leak_after_seconds=-ALREADY_RUNNING + 20),
+            )),
+        ),
+        extra={"pods": {
+            0: llama, 1: llama,
+            2: Placement("research", "embedder-5d8f9", "embed", qos="burstable"),
+            3: Placement("research", "tokenizer-6b7d4", "worker", qos="besteffort"),
+        }},
+    )
+
+
 def large() -> Scenario:
     """8 GPUs x 64 processes: the /metrics latency benchmark's host."""
     rng = random.Random(8)
@@ -130,7 +154,7 @@ def large() -> Scenario:
     return Scenario("large", "8 H200 x 64 processes each (benchmark host)", tuple(gpus))
 
 
-SCENARIOS = {f.__name__: f for f in (steady, leak, fragmentation, mixed, large)}
+SCENARIOS = {f.__name__: f for f in (steady, leak, fragmentation, mixed, large, kubernetes)}
 
 
 def get(name: str) -> Scenario:

@@ -1,0 +1,53 @@
+"""Settings of process attribution (pods, containers, Slurm jobs)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import msgspec
+
+from gpuwatch.attribution.podresources import DEFAULT_SOCKET
+
+TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+CA_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+# a label key: optional DNS-subdomain prefix, then a name of 1-63 characters
+LABEL_KEY = re.compile(r"^(?:[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
+                       r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+class KubernetesApiConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Off by default: pod metadata from the API server (RBAC: list pods)."""
+
+    enabled: bool = False
+    # "" = https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT (in-cluster)
+    url: str = ""
+    # This node's name, from the downward API (GPUWATCH_ATTRIBUTION_KUBERNETES_API_NODE_NAME).
+    node_name: str = ""
+    token_file: str = TOKEN_FILE
+    ca_file: str = CA_FILE
+    # Pod labels copied onto gpuwatch_process_info as label_<key>, e.g. app.kubernetes.io/name
+    pod_labels: list[str] = []
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.pod_labels if not LABEL_KEY.match(k)]
+        if bad:
+            raise ValueError(f"pod_labels: {bad[0]!r} is not a Kubernetes label key")
+        if len(self.pod_labels) > 16:
+            raise ValueError("pod_labels: at most 16 (each is a label on every process series)")
+
+
+class AttributionConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    enabled: bool = True
+    # The kubelet's pod-resources socket; "" turns the Kubernetes join off.
+    podresources_socket: str = DEFAULT_SOCKET
+    # Pods and jobs change slowly: re-read them on this interval, not every tick (a new
+    # process is looked up at its first sample, at most every min_refresh_seconds).
+    refresh_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    min_refresh_seconds: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=30)] = 2.0
+    # SLURM_JOB_ID from /proc/<pid>/environ when the cgroup names no job (root only).
+    slurm_environ: bool = True
+    # dcgm-exporter's HPC job-mapping directory (files named by GPU index list its jobs).
+    hpc_job_mapping_dir: str = ""
+    kubernetes_api: KubernetesApiConfig = msgspec.field(default_factory=KubernetesApiConfig)
