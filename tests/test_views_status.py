@@ -107,6 +107,10 @@ def test_partial_state_shows_dashes():
     text = terminal.render_plain(s)
     assert "GPU 0" in text and "?" * terminal.BAR in text and "down: ?" in text
     assert terminal.render_plain(terminal.summarize({}, "http://h:1")).startswith("gpuwatch —")
+    # the pod a process belongs to, where attribution knows it
+    s = terminal.summarize({"sample": {"gpus": [{"index": 0, "uuid": "u", "processes": [
+        {"pid": 7, "name": "vllm", "namespace": "serving", "pod": "llama-7c9f"}]}]}}, "x")
+    assert "pid       7 vllm (serving/llama-7c9f)" in terminal.render_plain(s)
 
 
 def test_bar_proportions():

@@ -163,6 +163,12 @@ def summarize(state: dict, url: str) -> Summary:
     return Summary(header, problems, rows, engines, events, actions)
 
 
+def _who(p: dict) -> str:
+    """The process name, and its pod where attribution knows it."""
+    pod = "/".join(str(x) for x in (p.get("namespace"), p.get("pod")) if x)
+    return str(p.get("name") or fmt.DASH) + (f" ({pod})" if p.get("pod") else "")
+
+
 def _int(v) -> str:
     return f"{v:.0f}" if _num(v) else fmt.DASH
 
@@ -200,7 +206,7 @@ def _gpu_row(g: dict, s: dict, procsig: dict) -> GpuRow:
         ps = _d(procsig.get((g.get("uuid"), p.get("pid"))))
         rate, ttoom = ps.get("leak_rate_bytes_per_second"), ps.get("time_to_oom_seconds")
         procs.append((_num(ttoom), p.get("used_memory_bytes") or 0, [
-            str(p.get("pid", "?")), str(p.get("name") or fmt.DASH),
+            str(p.get("pid", "?")), _who(p),
             fmt.size(p.get("used_memory_bytes")),
             f"leak {fmt.rate(rate)}" if _num(rate) else "",
             f"OOM in {fmt.duration(ttoom)}" if _num(ttoom) else ""]))
@@ -264,7 +270,7 @@ def render_plain(s: Summary) -> str:
         if extra:
             out.append("       " + " · ".join(extra))
         for cells in r.processes:
-            out.append(f"       pid {cells[0]:>7} {cells[1][:22]:<22} {cells[2]:>10}  "
+            out.append(f"       pid {cells[0]:>7} {cells[1][:40]:<22} {cells[2]:>10}  "
                        f"{cells[3]:<20} {cells[4]}".rstrip())
         if r.more:
             out.append(f"       … {r.more} more processes")
