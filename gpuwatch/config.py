@@ -60,6 +60,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Simulated process name -> a real pid whose identity it takes (remediation tests).
     simulate_pids: dict[str, int] = {}
     events_log: str = ""
+    # Not ready while no GPU is sampled: a DaemonSet on GPU nodes should not count a pod whose
+    # NVML is down as ready. Without it, ready means every source was tried once.
+    require_gpu: bool = False
     nvml: NvmlConfig = msgspec.field(default_factory=NvmlConfig)
     engines: list[EngineConfig] = []
     discovery: DiscoveryConfig = msgspec.field(default_factory=DiscoveryConfig)
@@ -84,10 +87,27 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 def parse_listen(value: str) -> tuple[str, int]:
     """'HOST:PORT', ':PORT' or '[v6]:PORT' -> (host, port); host '' means all interfaces."""
-    m = re.fullmatch(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:]*)):(?P<port>\d{1,5})", value)
-    if not m or not 0 <= int(m["port"]) <= 65535:
-        raise ValueError(f"listen: {value!r} is not HOST:PORT")
+    m = re.fullmatch(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d+)", value)
+    if not m:
+        raise ValueError(f"listen: {_listen_problem(value)}")
+    if not 0 <= int(m["port"]) <= 65535:
+        raise ValueError(f"listen: port {m['port']} is out of range (0-65535) in {value!r}")
     return (m["v6"] or m["host"] or ""), int(m["port"])
+
+
+def _listen_problem(value: str) -> str:
+    """Why a listen address does not parse, with the spelling that would."""
+    if value.isdigit():
+        return (f"{value!r} has no host: write ':{value}' for all interfaces or "
+                f"'127.0.0.1:{value}' for this host only")
+    if value.count(":") > 1 and not value.startswith("["):
+        return f"{value!r}: an IPv6 address goes in brackets, as in '[::1]:{DEFAULT_PORT}'"
+    if ":" not in value or value.endswith("]"):
+        return f"{value!r} has no port: write HOST:PORT, as in '{value}:{DEFAULT_PORT}'"
+    port = value.rsplit(":", 1)[1]
+    if not port:
+        return f"{value!r} has no port after ':'"
+    return f"port {port!r} in {value!r} is not a number (HOST:PORT, ':PORT' or '[v6]:PORT')"
 
 
 def _convert(raw: dict[str, Any], source: str) -> Config:

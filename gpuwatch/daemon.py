@@ -22,8 +22,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
 from gpuwatch import config as config_mod
-from gpuwatch import redact, webconfig
 from gpuwatch.attribution.source import make_source as make_attribution
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
@@ -33,6 +33,7 @@ from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
 from gpuwatch.recording import Recorder
+from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
@@ -117,7 +118,7 @@ class Daemon:
     def _log_actions(self, actions: list[ActionEvent]) -> None:
         for action in actions:
             self.recent.append(action)
-            log.info("action %s", to_json(action))
+            log.info("%s", logfmt.human_line(action))  # the JSON form goes to the events log
             self._log_event(action)
 
     def _process(self, tick: Tick) -> list[Event]:
@@ -135,7 +136,8 @@ class Daemon:
         sig.errors_total = self.pipeline.errors
         for ev in events:
             self.recent.append(ev)
-            log.info("event %s", to_json(ev))
+            log.log(logging.WARNING if ev.state == "firing" else logging.INFO, "%s",
+                    logfmt.human_line(ev))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
         self._publish(tick, ready=True)
@@ -176,11 +178,16 @@ class Daemon:
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        first = True
         while not self._stop.is_set():
             try:
                 await self.tick_once()
             except Exception:
                 log.exception("tick failed")
+            if first:  # the summary names the GPUs the first tick found
+                first = False
+                for line in self.summary():
+                    log.info("%s", line)
             interval = self.config.nvml.fast_interval_seconds
             next_at += interval
             if next_at < loop.time():  # fell behind: skip, never burst
@@ -264,20 +271,67 @@ class Daemon:
             log.info("web config reloaded")
 
     # -- running ----------------------------------------------------------------------
-    def _open_outputs(self) -> None:
+    def _open_outputs(self) -> str | None:
+        """Open the recording and the events log; the reason when one cannot be."""
         cfg = self.config
-        if cfg.record:
-            self._recorder = Recorder(cfg.record, self.host, cfg.nvml.fast_interval_seconds)
-            log.info("recording to %s", cfg.record)
-        if cfg.events_log:
-            fd = os.open(cfg.events_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            self._events_log = os.fdopen(fd, "a")
+        key = "record"
+        try:
+            if cfg.record:
+                self._recorder = Recorder(cfg.record, self.host, cfg.nvml.fast_interval_seconds)
+            key = "events_log"
+            if cfg.events_log:
+                fd = os.open(cfg.events_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._events_log = os.fdopen(fd, "a")
+        except OSError as exc:
+            self._close_outputs()
+            return f"{key}: cannot write {exc.filename or getattr(cfg, key)}: {exc.strerror}"
+        return None
+
+    def summary(self) -> list[str]:
+        """The startup summary: what this daemon watches, judges with, writes and serves."""
+        cfg, rem = self.config, self.remediator
+        table = self.pipeline.table
+        gpus = []
+        for g in self.snapshot.tick.gpus if self.snapshot.tick else ():
+            row = table.match(g.name, g.memory_total_bytes)
+            gpus.append({"index": g.index, "name": g.name,
+                         "memory_total_bytes": g.memory_total_bytes, "row": row.id,
+                         "calibrated": row.calibrated, "warning_bytes": row.warning_bytes,
+                         "critical_bytes": row.critical_bytes})
+        hooks = [h for h in ("snapshot", "flush", "signal", "exec")
+                 if getattr(getattr(cfg.remediation, h, None), "enabled", False)]
+        configured = {e.name for e in cfg.engines}
+        host, port = config_mod.parse_listen(cfg.listen)
+        return logfmt.summary_lines({
+            "version": __version__,
+            "config_source": self.config_path or os.environ.get("GPUWATCH_CONFIG")
+            or "defaults (no file)",
+            "state_dir": str(state_dir()),
+            "audit_path": str(rem.audit_path) if rem else "-",
+            "events_log": cfg.events_log, "record": cfg.record,
+            "remediation": {"enabled": cfg.remediation.enabled, "hooks": hooks,
+                            "dry_run": bool(rem.dry_run if rem else cfg.remediation.dry_run),
+                            "webhook": bool(cfg.webhook.token)},
+            "gpus": gpus, "gpu_reason": self.sources["nvml"].reason,
+            "engines_configured": [f"{e.name} ({e.url})" for e in cfg.engines],
+            "engines_discovered": sorted(
+                k.split(":", 1)[1] for k in self.sources
+                if k.startswith("engine:") and k.split(":", 1)[1] not in configured),
+            "discovery": cfg.discovery.enabled,
+            "url": logfmt.listen_url(host, port, "https" if self.guard is not None
+                                     and self.guard.context is not None else "http"),
+            "backend": self.backend.name + (", basic auth" if self.web is not None
+                                            and self.web.users else ""),
+            "require_gpu": cfg.require_gpu,
+        })
 
     def _close_outputs(self) -> None:
         if self._recorder is not None:
             self._recorder.close()
+            self._recorder = None
         if self._events_log is not None:
             self._events_log.close()
+            self._events_log = None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -289,12 +343,17 @@ class Daemon:
                 self.guard = webconfig.Guard(self.web)
         except webconfig.WebConfigError as exc:
             log.error("%s", exc)
-            return 2
+            return exitcodes.USAGE
         try:
             self.remediator = self._make_remediator()
         except (ValueError, OSError) as exc:
             log.error("remediation: %s", exc)
-            return 2
+            return exitcodes.USAGE
+        problem = self._open_outputs()  # a bad path fails before anything is served
+        if problem:
+            log.error("%s", problem)
+            await self.remediator.close()
+            return exitcodes.USAGE
         routes = self.remediator.routes()
         tls = None
         if self.guard is not None:
@@ -312,10 +371,9 @@ class Daemon:
             log.error("cannot listen on %s: %s", self.config.listen, exc.strerror or exc)
             await runner.cleanup()
             await self.remediator.close()
-            return 2
-        log.info("serving on %s://%s:%d/ (backend: %s%s)", "https" if tls else "http",
-                 host or "0.0.0.0", port, self.backend.name,
-                 ", basic auth" if self.web is not None and self.web.users else "")
+            self._close_outputs()
+            return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
+        # "serving on" comes in the startup summary, after the first tick names the GPUs.
         if self.web is not None and self.web.users and tls is None:
             log.warning("basic auth without tls_server_config: passwords cross the network "
                         "in clear")
@@ -324,7 +382,6 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         tasks = []
         try:
-            self._open_outputs()
             self._start_engines()
             tasks.append(asyncio.create_task(self._tick_loop()))
             slow = self.config.nvml.slow_interval_seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import IO
 
 import msgspec
@@ -12,6 +13,7 @@ import msgspec
 from gpuwatch.model import RecordingHeader, Tick
 
 FORMAT = "gpuwatch-recording"
+MAX_HEADER_BYTES = 64 * 1024  # a header is ~100 bytes: never read a huge first line whole
 
 
 class RecordingError(ValueError):
@@ -50,43 +52,83 @@ class Recorder:
         self._f.close()
 
 
-def read_recording(path: str) -> tuple[RecordingHeader, Iterator[Tick]]:
-    """The header and an iterator of ticks. A torn last line (a crash mid-write) ends the
-    recording; a bad line elsewhere is an error naming its line number."""
+@dataclass
+class ReadReport:
+    """What reading a recording found, filled in as its ticks are iterated."""
+
+    ticks: int = 0
+    last_t: float | None = None
+    # Where and why the recording stops short (a crash mid-write), or None when it is whole.
+    cut: str | None = None
+
+
+def _header(first: bytes, path: str) -> RecordingHeader:
+    """Line 1 must be a recording header: an events log or any other JSON is refused."""
+    if not first.strip():
+        raise RecordingError(f"{path}: empty file, not a gpuwatch recording")
     try:
-        f = _open(path, "r")
-        first = f.readline()
-    except OSError as exc:
-        raise RecordingError(f"{path}: {exc.strerror or exc}") from None
-    try:
-        header = msgspec.json.decode(first, type=RecordingHeader)
+        raw = msgspec.json.decode(first)
     except msgspec.DecodeError as exc:
-        f.close()
         raise RecordingError(f"{path}: line 1: not a gpuwatch recording header: {exc}") from None
+    if not isinstance(raw, dict) or "format" not in raw:
+        hint = " (it looks like an events log)" if isinstance(raw, dict) and (
+            "signal" in raw or "action" in raw) else ""
+        raise RecordingError(f"{path}: line 1: not a gpuwatch recording header: no "
+                             f"\"format\": \"{FORMAT}\"{hint}")
+    try:
+        header = msgspec.convert(raw, RecordingHeader)
+    except msgspec.ValidationError as exc:
+        raise RecordingError(f"{path}: line 1: bad recording header: {exc}") from None
     if header.format != FORMAT:
-        f.close()
         raise RecordingError(f"{path}: line 1: format is {header.format!r}, not {FORMAT!r}")
     if header.version != 1:
-        f.close()
         raise RecordingError(f"{path}: recording version {header.version} is not supported")
-    return header, _ticks(f, path)
+    return header
 
 
-def _ticks(f: IO[bytes], path: str) -> Iterator[Tick]:
+def read_recording(path: str, report: ReadReport | None = None
+                   ) -> tuple[RecordingHeader, Iterator[Tick]]:
+    """The header and an iterator of ticks. A torn last line (a crash mid-write) ends the
+    recording and is noted in `report.cut`; a bad line elsewhere is an error naming its line
+    number."""
+    try:
+        f = _open(path, "r")
+        first = f.readline(MAX_HEADER_BYTES)
+    except (OSError, EOFError) as exc:
+        raise RecordingError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        header = _header(first, path)
+    except RecordingError:
+        f.close()
+        raise
+    return header, _ticks(f, path, report if report is not None else ReadReport())
+
+
+def _ticks(f: IO[bytes], path: str, report: ReadReport) -> Iterator[Tick]:
     dec = msgspec.json.Decoder(Tick)
     with f:
         pending: tuple[int, Exception] | None = None
         lines = enumerate(f, start=2)
+        n = 1
         while True:
             try:
                 n, line = next(lines)
-            except (StopIteration, EOFError):  # EOFError: gzip cut short by a crash
+            except StopIteration:
+                if pending is not None:
+                    report.cut = f"line {pending[0]} is torn (written partly)"
+                return
+            except EOFError:  # gzip cut short by a crash: no trailer
+                report.cut = f"the compressed stream ends without its trailer after line {n}"
                 return
             if pending is not None:
                 raise RecordingError(f"{path}: line {pending[0]}: {pending[1]}")
             if not line.strip():
                 continue
             try:
-                yield dec.decode(line)
+                tick = dec.decode(line)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 pending = (n, exc)  # fatal unless it was the last line
+                continue
+            report.ticks += 1
+            report.last_t = tick.t
+            yield tick

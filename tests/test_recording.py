@@ -60,14 +60,19 @@ def test_design_example_is_readable(tmp_path):
     assert tick.probes[0].pid == 4242
 
 
-def test_torn_last_line_ends_the_recording(tmp_path):
-    path = tmp_path / "r.jsonl"
+def write_torn(path, n: int = 3):
+    """A recording of n ticks whose next line was cut by a crash mid-write."""
     rec = Recorder(str(path), host="h", interval_s=3)
-    for t in ticks(3):
+    for t in ticks(n):
         rec.write(t)
     rec.close()
     with open(path, "a") as f:
-        f.write('{"t": 1009.0, "gpus": [{"ind')  # a crash mid-write
+        f.write('{"t": 1009.0, "gpus": [{"ind')
+    return path
+
+
+def test_torn_last_line_ends_the_recording(tmp_path):
+    path = write_torn(tmp_path / "r.jsonl")
     assert len(list(read_recording(str(path))[1])) == 3
 
 

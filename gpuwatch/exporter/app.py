@@ -17,6 +17,21 @@ from gpuwatch.webconfig import Guard
 _json = msgspec.json.Encoder()
 
 
+def readiness(snap: Snapshot) -> tuple[bool, str]:
+    """Ready = every source was tried once; the body lists the degraded ones. A GPU host
+    whose NVML is down stays ready (its engines and probes still serve) unless
+    require_gpu is set, for DaemonSets that must not count a pod without its GPUs."""
+    if not snap.ready:
+        return False, "not ready: waiting for the first complete sample\n"
+    degraded = sorted(f"{name}: {st.reason or 'down'}" for name, st in snap.sources.items()
+                      if not st.up and (st.reason or st.errors_total))
+    if getattr(snap.config, "require_gpu", False) and not (snap.tick and snap.tick.gpus):
+        nvml = snap.sources.get("nvml")
+        why = nvml.reason if nvml and nvml.reason else "no GPU found"
+        return False, f"not ready: no GPU sampled and --require-gpu is set ({why})\n"
+    return True, "ready\n" + "".join(f"degraded {d}\n" for d in degraded)
+
+
 def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = None,
              extra_routes: Iterable[web.RouteDef] = (), *,
              guard: Guard | None = None) -> web.Application:
@@ -33,9 +48,8 @@ def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = N
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        if get_snapshot().ready:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="waiting for the first complete sample\n")
+        ok, text = readiness(get_snapshot())
+        return web.Response(status=200 if ok else 503, text=text)
 
     async def api_state(request: web.Request) -> web.Response:
         snap = get_snapshot()

@@ -11,11 +11,15 @@ import click
 
 
 def _write(out_dir: Path, files: dict[str, str]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        path = out_dir / name
-        path.write_text(text)
-        click.echo(str(path))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = out_dir / name
+            path.write_text(text)
+            click.echo(str(path))
+    except OSError as exc:  # a misuse, told in one line (no traceback)
+        raise click.BadParameter(f"cannot write {exc.filename or out_dir}: {exc.strerror}",
+                                 param_hint="-o/--output") from None
 
 
 @click.command("dashboards")

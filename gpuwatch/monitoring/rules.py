@@ -44,10 +44,13 @@ class RuleParams:
     preemptions_per_second: float = 0.1
     # NVLink CRC/replay/recovery errors per second, summed over links
     nvlink_errors_per_second: float = 0.1
-    # PrometheusRule custom resource
+    # PrometheusRule custom resource, in the DaemonSet's namespace. `release` is what
+    # kube-prometheus-stack's ruleSelector matches by default: set it to your release's name.
     resource_name: str = "gpuwatch"
+    resource_namespace: str = "gpuwatch"
     resource_labels: dict[str, str] = field(
-        default_factory=lambda: {"app.kubernetes.io/name": "gpuwatch", "role": "alert-rules"}
+        default_factory=lambda: {"app.kubernetes.io/name": "gpuwatch", "role": "alert-rules",
+                                 "release": "kube-prometheus-stack"}
     )
 
     def __post_init__(self) -> None:
@@ -299,7 +302,8 @@ def prometheus_rule(p: RuleParams) -> dict:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": p.resource_name, "labels": dict(p.resource_labels)},
+        "metadata": {"name": p.resource_name, "namespace": p.resource_namespace,
+                     "labels": dict(p.resource_labels)},
         "spec": {"groups": rules_document(p)["groups"] + alerts_document(p)["groups"]},
     }
 

@@ -41,6 +41,7 @@ class GpuSampler:
         self._fast_pool = concurrent.futures.ThreadPoolExecutor(1, "gpuwatch-nvml")
         self._slow_pool = concurrent.futures.ThreadPoolExecutor(1, "gpuwatch-nvml-slow")
         self._warned = False
+        self._hinted = False
 
     async def sample(self, now: float) -> list[GpuSample]:
         loop = asyncio.get_running_loop()
@@ -85,8 +86,12 @@ class GpuSampler:
         self.status.errors_total += 1
         self._retry_at = time.monotonic() + self._backoff
         level = logging.DEBUG if self._warned else logging.WARNING
+        # Said once per run: on a machine without a GPU the simulation is what to try.
+        hint = "" if self._hinted else (
+            "; without a GPU, try `gpuwatch run --simulate mixed` for a simulated host")
+        self._hinted = True
         log.log(level, "GPU backend unavailable: %s; serving without GPU data, retrying in "
-                "%.0f s", reason, self._backoff)
+                "%.0f s%s", reason, self._backoff, hint)
         self._warned = True
         self._backoff = min(self._backoff * 2, self.retry_max)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import sysconfig
 import threading
 import time
@@ -88,7 +89,7 @@ class LlamaServer(Server):
         port = port or free_port()
         model = workdir / "tiny-llama.gguf"
         if not model.exists():
-            Proc([os.environ.get("PYTHON", "python3"), str(HERE / "make_tiny_gguf.py"),
+            Proc([sys.executable, str(HERE / "make_tiny_gguf.py"),
                   str(model)], workdir, "make-gguf", env=os.environ.copy()).proc.wait(120)
         # -t 1: on two cores, more threads spin-wait against the load generator.
         argv = [str(build.llama_server()), "-m", str(model), "--host", "127.0.0.1",

@@ -140,6 +140,10 @@ class SimulatedBackend:
             }
             if "H100" in g.name or "H200" in g.name:  # GPM exists from Hopper on
                 busy = g.utilization_ratio or 0.0
+                # an SXM board in an NVSwitch system: 18 links up, quiet, fabric registered
+                fields.update(nvlink_links_active=18,
+                              nvlink_errors_total={"crc": 0, "replay": 0, "recovery": 0},
+                              fabric_state="completed", fabric_healthy=True)
                 fields.update(gpm_sm_active_ratio=round(0.9 * busy, 3),
                               gpm_sm_occupancy_ratio=round(0.4 * busy, 3),
                               gpm_tensor_active_ratio=round(0.6 * busy, 3),

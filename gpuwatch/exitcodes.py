@@ -1,0 +1,12 @@
+"""Exit statuses of `gpuwatch`, chosen so a service manager restarts only what a restart fixes.
+
+0   done (or stopped by SIGTERM/SIGINT)
+1   a runtime failure, or `gpuwatch check` found a failure
+2   misuse: a bad flag, argument or configuration; restarting cannot help
+75  a transient failure (EX_TEMPFAIL): the listen address is busy; a restart may succeed
+"""
+
+OK = 0
+FAILURE = 1
+USAGE = 2
+TEMPFAIL = 75
