@@ -197,6 +197,14 @@ def test_misuse_is_one_line_and_status_2(tmp_path):
     assert res.stderr.count("\n") == 1 and "-o" in res.stderr
 
 
+def test_a_recording_cut_short_says_so(tmp_path):
+    rec = simulated_recording(tmp_path / "r.jsonl", "steady", 60)
+    with open(rec, "ab") as f:
+        f.write(b'{"t": 1800000060.0, "gpus": [{"ind')  # a crash mid-write
+    page = report(rec, tmp_path / "r.html")
+    assert "r.jsonl is truncated" in page
+
+
 def test_envelope_is_bounded_and_keeps_peaks():
     env = Envelope(0.0, max_points=100)
     for i in range(100_000):

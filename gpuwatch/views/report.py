@@ -594,7 +594,7 @@ for each event when replayed (on the live host guardrails decide whether they ru
 ones come from the daemon's audit log (<code>--audit</code>).</p>"""
 
 
-def render(c: Collector, header, source: str) -> str:
+def render(c: Collector, header, source: str, warning: str | None = None) -> str:
     found = findings(c)
     actions = [e for e in c.events if isinstance(e, ActionEvent)]
     table = c.table or {}
@@ -604,6 +604,7 @@ def render(c: Collector, header, source: str) -> str:
         f'<p class="meta">{escape(source)} · {span} · {c.ticks} samples every '
         f"{header.interval_s:g} s · threshold table {escape(table.get('version', fmt.DASH))}"
         f" ({escape(table.get('source', ''))}) · gpuwatch {escape(__version__)}</p>",
+        f'<p class="card warning">{escape(warning)}</p>' if warning else "",
         EXPLAIN,
         "<h2>Findings</h2>", _summary(c, found),
         f"<h2>Actions ({len(actions)})</h2>",
@@ -680,7 +681,11 @@ def add_audit(c: Collector, path: str, slack: float) -> int:
 def build(recording: str, cfg, *, actions: bool = True, max_points: int = 500,
           audit: str | None = None) -> str:
     """The report's HTML for a recording (raises ValueError for a bad recording)."""
-    header, steps = replay_steps(recording, cfg, actions)
+    from gpuwatch.recording import ReadReport
+    from gpuwatch.replay import truncation_warning
+
+    read = ReadReport()
+    header, steps = replay_steps(recording, cfg, actions, read)
     collector: Collector | None = None
     for tick, pipeline, events in steps:
         if collector is None:
@@ -690,4 +695,5 @@ def build(recording: str, cfg, *, actions: bool = True, max_points: int = 500,
         raise ValueError(f"{recording}: the recording has no samples")
     if audit:
         add_audit(collector, audit, header.interval_s)
-    return render(collector, header, os.path.basename(recording))
+    warning = truncation_warning(os.path.basename(recording), read)
+    return render(collector, header, os.path.basename(recording), warning)
