@@ -61,11 +61,11 @@ def time_calls(fn, n: int) -> list[float]:
 
 
 def parse_costs(n: int) -> dict:
-    from gpuwatch.engines.analyzer import EngineAnalyzer
     from gpuwatch.engines.normalize import read
     from gpuwatch.model import EngineSample, Tick
     from gpuwatch.signals.conditions import Conditions
     from gpuwatch.signals.derived import Derived
+    from gpuwatch.signals.engine import EngineAnalyzer
 
     dp4 = data_parallel(VLLM, 4)
     out = {
@@ -126,10 +126,10 @@ async def run_source(port: int, endpoints: int, seconds: float, timeout: float) 
 
 
 def endpoints_cost(seconds: float, slow: str) -> dict:
-    from gpuwatch.engines.analyzer import EngineAnalyzer
     from gpuwatch.model import Tick
     from gpuwatch.signals.conditions import Conditions
     from gpuwatch.signals.derived import Derived
+    from gpuwatch.signals.engine import EngineAnalyzer
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import msgspec
 
 SIGNALS = (
@@ -16,7 +18,14 @@ SIGNALS = (
 )
 
 
-class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
+class Event(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
+    """Immutable once built: the log, /api/state and replay all hold the same objects, so
+    nothing may rewrite one after it was published. A resolve is a new event whose `ref`
+    is the `id` of the firing event it ends (an escalation's `ref` is the event it
+    supersedes)."""
+
+    id: str = ""
+    ref: str | None = None
     t: float
     signal: str
     state: str  # firing | resolved
@@ -37,6 +46,14 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
     def key(self) -> tuple:
         """Identity of the condition this event is about (what 'resolved' refers to)."""
         return (self.signal, self.gpu_uuid, self.pid, self.engine)
+
+    def published(self, ref: str | None = None) -> Event:
+        """This event with its id (and ref) set, as it is published. The id is a digest of
+        what the event says, so a live run and the replay of its recording agree."""
+        text = repr((self.t, self.signal, self.state, self.severity, self.gpu_uuid, self.pid,
+                     self.engine, ref))
+        digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+        return msgspec.structs.replace(self, id=digest, ref=ref)
 
 
 class ActionEvent(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -97,8 +97,12 @@ class GpuSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     processes: list[ProcessSample] = []
 
 
-class EngineSample(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """One scrape of an inference engine's /metrics, kept raw so replay re-parses it."""
+class EngineSample(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True):
+    """One scrape of an inference engine's /metrics, kept raw so replay re-parses it.
+
+    (dict=True: the live source may attach what it read off the event loop as `reading`;
+    undeclared attributes are never encoded, so the recording holds only the text.)
+    """
 
     name: str
     kind: str = "auto"

@@ -357,14 +357,14 @@ def test_events_name_the_owner_even_after_the_process_exited():
     evs = [Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid=GPU0, pid=1),
            Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid=GPU0),
            Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid=GPU1)]
-    pipe._attribute(tick, evs)
+    evs = pipe._attribute(tick, evs)  # events are immutable: named copies come back
     assert (evs[0].namespace, evs[0].pod, evs[0].container) == ("serving", "a", "vllm")
     assert evs[1].pod == "a"  # every process on GPU0 is pod a's
     assert evs[2].pod is None  # GPU1 is shared by two pods
     # pid 1 exits; the event resolving its condition still names its pod
     gone = Tick(t=3.0, gpus=[GpuSample(index=0, uuid=GPU0, processes=[proc(2, "a")])])
     resolved = Event(t=3.0, signal="memory_leak", state="resolved", gpu_uuid=GPU0, pid=1)
-    pipe._attribute(gone, [resolved])
+    resolved, = pipe._attribute(gone, [resolved])
     assert resolved.pod == "a"
 
 
@@ -445,12 +445,12 @@ def test_a_real_process_on_the_real_proc(tmp_path):
 
 def test_replay_names_the_pod_in_its_human_output():
     from gpuwatch.events import Event
-    from gpuwatch.replay import _human
+    from gpuwatch.logfmt import human_line
 
     ev = Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid=GPU0, pid=7,
-               namespace="research", pod="tokenizer-6b7d4")
-    assert "pod=research/tokenizer-6b7d4" in _human(ev)
-    assert "pod=" not in _human(Event(t=1.0, signal="memory_leak", state="firing", pid=7))
+               namespace="research", pod="tokenizer-6b7d4", slurm_job_id="4242")
+    assert "pod research/tokenizer-6b7d4, slurm job 4242" in human_line(ev)
+    assert "pod " not in human_line(Event(t=1.0, signal="memory_leak", state="firing", pid=7))
 
 
 def _field(number: int, payload: bytes) -> bytes:

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from gpuwatch.engines.analyzer import EngineAnalyzer
 from gpuwatch.engines.config import (
     DiscoveryConfig,
     EngineConfig,
@@ -19,6 +18,7 @@ from gpuwatch.engines.config import (
 from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.engine import EngineAnalyzer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 BOUNDS = (0.5, 1.0, 2.0, 5.0, 10.0)
@@ -304,3 +304,74 @@ def test_values_are_never_nan_or_negative_after_hostile_counters():
     st = run.state()
     for v in (st.kv_cache_hit_ratio, st.kv_cache_usage_ratio, st.prefix_cache_queries_total):
         assert v is None or (math.isfinite(v) and v >= 0)
+
+
+def test_a_counter_above_2_to_the_53_is_an_invalid_sample_and_the_engine_recovers():
+    run = Run()
+    run.scrape(0.0, vllm_text(1000, 500, preempt=3))
+    run.scrape(5.0, vllm_text(1e308, 1e308, preempt=1e308, running=1e308))
+    st = run.state()
+    assert st.up and st.requests_running is None and st.prefix_cache_queries_total is None
+    assert any("2^53" in n for n in st.notes)
+    run.scrape(10.0, vllm_text(1100, 560, preempt=4))
+    run.scrape(15.0, vllm_text(1200, 620, preempt=5))
+    st = run.state()
+    assert st.restarts_detected == 0
+    assert (st.prefix_cache_queries_total, st.prefix_cache_hits_total) == (1200, 620)
+    assert st.preemptions_total == 5 and st.requests_running == 1
+    assert st.kv_cache_hit_ratio == pytest.approx(120 / 200)
+
+
+def test_two_replicas_behind_one_url_are_reported_not_turned_into_restarts():
+    run = Run()
+    for k in range(80):  # longer than the 300 s windows
+        start, q, p = (1000.0, 5000, 40) if k % 2 == 0 else (7000.0, 300, 2)
+        run.scrape(5.0 * k, vllm_text(q, q // 2, preempt=p, start=start))
+    st = run.state()
+    assert st.up and st.replicas == 2 and "2 processes answer" in st.reason
+    assert st.restarts_detected == 0
+    assert st.preemptions_total == 42 and st.prefix_cache_queries_total == 5300
+    assert st.preemption_rate_per_second == 0.0
+    assert st.kv_cache_hit_ratio is None  # no query in the window: not a fabricated one
+
+
+def test_a_real_restart_is_still_counted_once():
+    run = Run()
+    for k in range(10):
+        start = 1000.0 if k < 5 else 2000.0
+        run.scrape(5.0 * k, vllm_text(100 * (k % 5 + 1), 10, start=start))
+    st = run.state()
+    assert st.restarts_detected == 1 and st.replicas == 1 and st.reason == ""
+    assert st.prefix_cache_queries_total == 500 + 500
+
+
+@pytest.mark.parametrize("bounds,expect", [
+    (("-30", "-10", "+Inf"), 0.0),  # a negative bucket: never a negative queue time
+    (("1", "1e300", "+Inf"), None),  # a bound of 1e300 s: not a sane quantile, not judged
+])
+def test_absurd_bucket_bounds_give_no_absurd_quantile_and_no_event(bounds, expect):
+    cfg = config(queue=QueueSignalConfig(window_seconds=60, slo_seconds=2.0, min_requests=1))
+    run = Run(cfg)
+    lab = 'engine="0",model_name="m"'
+
+    def text(n):
+        counts = (0, n, n) if expect is None else (n, n, n)
+        lines = [f"vllm:num_requests_running{{{lab}}} 1"]
+        lines += [f'vllm:request_queue_time_seconds_bucket{{{lab},le="{b}"}} {c}'
+                  for b, c in zip(bounds, counts, strict=True)]
+        lines += [f"vllm:request_queue_time_seconds_count{{{lab}}} {n}",
+                  f"vllm:request_queue_time_seconds_sum{{{lab}}} {n * 9.5e299}"]
+        return "\n".join(lines) + "\n"
+
+    run.scrape(0.0, text(0))
+    run.scrape(10.0, text(100))
+    st = run.state()
+    assert st.up
+    for v in st.queue_latency_seconds.values():
+        assert 0.0 <= v <= 86400
+    if expect is None:
+        assert st.queue_latency_seconds == {} and "beyond" in st.missing["queue_latency"]
+    else:
+        assert st.queue_latency_seconds["0.95"] == expect
+    assert st.queue_latency_mean_seconds is None  # 9.5e299 s per request: not believed
+    assert not [e for e in run.events if e.signal == "queue_latency"]

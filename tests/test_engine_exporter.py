@@ -11,13 +11,13 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from gpuwatch.engines.analyzer import EngineAnalyzer
 from gpuwatch.exporter.families import MODULES
 from gpuwatch.exporter.families import engines as family
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.engine import EngineAnalyzer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 PAIRS = {

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from gpuwatch.engines.analyzer import EngineAnalyzer
 from gpuwatch.engines.normalize import read
 from gpuwatch.engines.state import EngineState
 from gpuwatch.exporter.families import engines as engine_family
@@ -19,6 +18,7 @@ from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.engine import EngineAnalyzer
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "engines").glob("*.prom"))
 TEXTS = [f.read_text() for f in FIXTURES]
@@ -119,4 +119,31 @@ def test_analyzer_sequences_stay_finite(seq):
     registry.register(type("C", (), {"collect": lambda self: engine_family.collect(
         Snapshot(derived=derived))})())
     text = generate_latest(registry).decode()
-    assert "NaN" not in text and "gpuwatch_engine_up" in text
+    # (a label may read "NaN": an engine chose it; a sample value never does)
+    values = [line.rsplit(" ", 1)[1] for line in text.splitlines()
+              if line and not line.startswith("#")]
+    assert all(math.isfinite(float(v)) for v in values), values
+    assert "gpuwatch_engine_up" in text
+
+
+LABEL_TEXT = st.text(alphabet=st.sampled_from('ab_:09{}",=\\ \t+é.-'), max_size=24)
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=st.text(alphabet=st.sampled_from("av_:1"), min_size=0, max_size=6),
+       body=st.one_of(LABEL_TEXT, st.lists(
+           st.tuples(st.sampled_from(["a", "le", "_x", "1b", "b c"]),
+                     st.text(alphabet=st.sampled_from('xy}{, +é\\"'), max_size=5)),
+           max_size=4).map(lambda kv: ",".join(f'{k}="{v}"' for k, v in kv))))
+def test_the_fast_label_reader_agrees_with_the_prometheus_parser(name, body):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuwatch.engines.parse import _label_key, _plain_series
+
+    series = f"{name}{{{body}}}"
+    fast = _plain_series(series)
+    if fast is None:
+        return  # the parser decides
+    families = list(text_string_to_metric_families(series + " 0\n"))
+    (sample,) = [s for f in families for s in f.samples]
+    assert fast == (sample.name, _label_key(sample.labels))

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.engines.analyzer import EngineAnalyzer
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
 from gpuwatch.model import GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.engine import EngineAnalyzer
 from gpuwatch.sources.engines import EngineSource
 
 pytestmark = pytest.mark.gpu

@@ -255,3 +255,17 @@ def test_crlf_line_endings():
     r, _ = read(fixture("tgi.prom").replace("\n", "\r\n"))
     assert (r.requests_running, r.requests_waiting) == (8, 3)
     assert r.counters[""][c.QUEUE_COUNT] == 20
+
+
+def test_the_series_cache_stays_bounded_under_churn_and_long_labels():
+    from gpuwatch.engines import parse as p
+
+    long_value = "x" * 5000
+    read(f'vllm:num_requests_running{{engine="0",model_name="{long_value}"}} 1\n')
+    assert not any(long_value in k for k in p._SERIES_CACHE)
+    for scrape in range(5):
+        text = "".join(f'vllm:num_requests_running{{engine="{scrape}-{i}",model_name="m"}} 1\n'
+                       for i in range(5000))
+        r, _ = read(text)
+        assert r.requests_running == 5000
+        assert len(p._SERIES_CACHE) <= p._SERIES_CACHE_MAX

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import os
 import subprocess
@@ -34,20 +35,31 @@ async def serve(handlers: dict) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
+async def run_source(handlers: dict, configs, seconds: float) -> list:
+    """Serve handlers and scrape them with one EngineSource (configs(port)) for a while."""
+    runner, port = await serve(handlers)
+    samples = []
+    src = EngineSource(configs(port), DiscoveryConfig())
+    task = asyncio.create_task(src.run(samples.append))
+    await asyncio.sleep(seconds)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await runner.cleanup()
+    return samples
+
+
 def cfg(port: int, path: str = "/metrics", **kw) -> EngineConfig:
     return EngineConfig(name=f"e{path.replace('/', '-')}", url=f"http://127.0.0.1:{port}{path}",
                         **kw)
 
 
 async def scrape_once(handlers: dict, path: str = "/metrics", **kw):
-    import aiohttp
-
-    from gpuwatch.sources.engines import _headers
+    from gpuwatch.sources.engines import session_for
 
     runner, port = await serve(handlers)
     try:
         c = cfg(port, path, **kw)
-        async with aiohttp.ClientSession(headers=_headers(c)) as session:
+        async with session_for(c) as session:
             return await scrape(session, c, pids=[7])
     finally:
         await runner.cleanup()
@@ -134,21 +146,10 @@ def test_a_slow_endpoint_delays_nobody():
     async def fast(request):
         return web.Response(text=VLLM)
 
-    async def go():
-        runner, port = await serve({"/slow": slow, "/fast": fast})
-        samples = []
-        src = EngineSource(
-            [cfg(port, "/slow", interval_seconds=0.5, timeout_seconds=0.4),
-             cfg(port, "/fast", interval_seconds=0.2, timeout_seconds=0.4)],
-            DiscoveryConfig())
-        task = asyncio.create_task(src.run(samples.append))
-        await asyncio.sleep(1.6)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runner.cleanup()
-        return samples
-
-    samples = asyncio.run(go())
+    samples = asyncio.run(run_source(
+        {"/slow": slow, "/fast": fast},
+        lambda port: [cfg(port, "/slow", interval_seconds=0.5, timeout_seconds=0.4),
+                      cfg(port, "/fast", interval_seconds=0.2, timeout_seconds=0.4)], 1.6))
     slow_s = [s for s in samples if s.name == "e-slow"]
     fast_s = [s for s in samples if s.name == "e-fast"]
     assert len(fast_s) >= 6 and all(s.error is None for s in fast_s)
@@ -257,17 +258,172 @@ def test_configured_local_engines_get_the_listening_process_pids():
     async def h(request):
         return web.Response(text=VLLM)
 
-    async def go():
-        runner, port = await serve({"/metrics": h})
-        samples = []
-        src = EngineSource([cfg(port, interval_seconds=0.2)], DiscoveryConfig())
-        task = asyncio.create_task(src.run(samples.append))
-        await asyncio.sleep(1.5)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runner.cleanup()
-        return samples
-
-    samples = asyncio.run(go())
+    samples = asyncio.run(run_source(
+        {"/metrics": h}, lambda port: [cfg(port, interval_seconds=0.2)], 1.5))
     assert samples and samples[-1].error is None
     assert os.getpid() in samples[-1].pids
+
+
+def test_no_redirect_to_another_host_and_no_header_sent_there():
+    """Two real servers on loopback (another port is another host): the engine redirects
+    to the other one, which must see neither the token nor the custom header, and whose
+    body must not be taken as the engine's."""
+    other_seen = []
+
+    async def other(request):
+        other_seen.append(dict(request.headers))
+        return web.Response(text=VLLM)
+
+    async def go():
+        other_runner, other_port = await serve({"/metrics": other})
+
+        async def redirect(request):
+            raise web.HTTPFound(f"http://127.0.0.1:{other_port}/metrics")
+
+        try:
+            return await scrape_once({"/metrics": redirect}, bearer_token="t0ken-1",
+                                     headers={"X-Api-Key": "k3y-2"})
+        finally:
+            await other_runner.cleanup()
+
+    for _ in range(5):
+        s = asyncio.run(go())
+        assert s.exposition is None and "redirected to another host" in s.error
+        assert "t0ken-1" not in s.error and "k3y-2" not in s.error
+    assert other_seen == []
+
+
+def test_a_redirect_on_the_same_host_is_followed_with_the_headers():
+    seen = {}
+
+    async def moved(request):
+        raise web.HTTPMovedPermanently("/real")
+
+    async def real(request):
+        seen.update(request.headers)
+        return web.Response(text=VLLM)
+
+    s = asyncio.run(scrape_once({"/metrics": moved, "/real": real}, headers={"X-Api-Key": "k"}))
+    assert s.error is None and s.exposition == compact(VLLM)
+    assert seen["X-Api-Key"] == "k"
+
+    async def loop(request):
+        raise web.HTTPFound("/metrics")
+
+    s = asyncio.run(scrape_once({"/metrics": loop}))
+    assert s.error == "more than 3 redirects"
+
+
+def test_a_gzip_bomb_is_refused_at_the_cap():
+    bomb = gzip.compress(b"\n" * (64 * 2**20), compresslevel=9)  # 64 MiB of newlines
+
+    async def h(request):
+        return web.Response(body=bomb, headers={"Content-Encoding": "gzip"})
+
+    assert len(bomb) < 200_000
+    s = asyncio.run(scrape_once({"/metrics": h}, max_body_bytes=2**20))
+    assert s.exposition is None and "decompressed response is over the 1048576" in s.error
+
+
+def test_an_unrecognised_body_keeps_only_a_short_excerpt():
+    async def h(request):
+        return web.Response(text="hello there " * 200_000)  # 2.4 MB of prose
+
+    s = asyncio.run(scrape_once({"/metrics": h}))
+    assert s.exposition is None and "it starts with 'hello there hello" in s.error
+    assert len(s.error) < 400
+
+
+def test_reading_a_huge_body_does_not_block_the_event_loop():
+    """15 MB of valid exposition: the loop keeps ticking while it is read."""
+    lines = [f'vllm:num_requests_running{{engine="{i}",model_name="{"m" * 100}"}} 1'
+             for i in range(110_000)]
+    body = ("\n".join(lines) + "\n").encode()
+    assert len(body) > 14_000_000
+
+    async def h(request):
+        return web.Response(body=body)
+
+    async def go():
+        lags = []
+
+        async def ticker():
+            loop = asyncio.get_running_loop()
+            while True:
+                t = loop.time()
+                await asyncio.sleep(0.005)
+                lags.append(loop.time() - t - 0.005)
+
+        task = asyncio.create_task(ticker())
+        s = await scrape_once({"/metrics": h}, max_body_bytes=32 * 2**20)
+        task.cancel()
+        return s, lags
+
+    s, lags = asyncio.run(go())
+    assert s.error is None and s.reading[0].ranks > 0
+    # Read on the loop, this body stalled it for 1.5 s (2-core VM); what is left is the
+    # loop's own share of moving 15 MB (and of a busy machine).
+    assert max(lags) < 0.5, f"the loop stalled {max(lags):.3f}s"
+
+
+def test_what_the_source_read_off_the_loop_equals_what_replay_reads():
+    """The live analyzer uses the reading the source attached; replay reads the recorded
+    text again: same states."""
+    import msgspec
+
+    from gpuwatch.model import EngineSample, Tick
+    from gpuwatch.signals.conditions import Conditions
+    from gpuwatch.signals.derived import Derived
+    from gpuwatch.signals.engine import EngineAnalyzer
+
+    async def h(request):
+        return web.Response(text=VLLM)
+
+    s = asyncio.run(scrape_once({"/metrics": h}))
+    assert s.reading is not None
+    recorded = msgspec.json.decode(msgspec.json.encode(s), type=EngineSample)
+    assert getattr(recorded, "reading", None) is None  # never written to the recording
+    states = []
+    for sample in (s, recorded):
+        derived = Derived()
+        EngineAnalyzer().update(Tick(t=1.0, engines=[sample]), derived, Conditions())
+        states.append(derived.engines[s.name])
+    assert states[0] == states[1] and states[0].up
+
+
+def test_huge_garbage_and_stalling_endpoints_do_not_make_a_healthy_one_late():
+    huge = ("".join(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1\n'
+                    for i in range(250_000))).encode()  # ~15 MB of valid lines
+    junk = os.urandom(2 * 2**20)
+
+    async def big(request):
+        return web.Response(body=huge)
+
+    async def garbage(request):
+        return web.Response(body=junk)
+
+    async def slowloris(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):  # the client gives up
+            for _ in range(20):
+                await resp.write(b"v")
+                await asyncio.sleep(0.2)
+        return resp
+
+    async def fast(request):
+        return web.Response(text=VLLM)
+
+    paths = ("/big1", "/big2", "/garbage", "/slowloris", "/fast")
+    samples = asyncio.run(run_source(
+        dict(zip(paths, (big, big, garbage, slowloris, fast), strict=True)),
+        lambda port: [cfg(port, p, interval_seconds=0.3, timeout_seconds=1.0) for p in paths],
+        6))
+    fast_s = [s for s in samples if s.name == "e-fast"]
+    # never an error; its bodies may wait for a reader behind the 15 MB ones
+    assert len(fast_s) >= 4 and [s.error for s in fast_s if s.error] == []
+    by_name = {s.name: s for s in samples}
+    big1 = by_name["e-big1"]
+    assert big1.error is None and big1.reading[0].ranks == 20_000  # max_series lines read
+    assert "binary response" in by_name["e-garbage"].error
+    assert "within 1s" in by_name["e-slowloris"].error

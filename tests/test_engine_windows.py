@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpuwatch.engines.windows import CounterBank, Window, histogram_quantile
+from gpuwatch.signals.windows import CounterBank, EngineCounters, Window, histogram_quantile
 
 INF = math.inf
 
@@ -143,3 +143,85 @@ def test_histogram_quantile_matches_prometheus(tmp_path):
     out = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_groups_not_seen_for_n_scrapes_are_forgotten_but_their_count_is_kept():
+    bank = CounterBank(expire_after=3)
+    bank.update({"e0": {"q": 100}, "e1": {"q": 200}})
+    for k in range(1, 4):
+        bank.update({"e0": {"q": 100 + k}})
+    assert set(bank.last) == {"e0"} and set(bank.offset) <= {"e0"}
+    assert bank.totals() == {"q": 103 + 200}  # still monotonic
+    bank.update({"e0": {"q": 110}})
+    assert bank.totals() == {"q": 110 + 200}
+
+
+def test_the_number_of_groups_is_capped_and_the_refusal_counted():
+    bank = CounterBank(max_groups=10)
+    bank.update({f"engine={i}": {"q": 1.0} for i in range(1000)})
+    assert len(bank.last) == 10 and bank.refused == 990
+    # known groups keep being counted while new ones are refused
+    bank.update({"engine=0": {"q": 5.0}, "new": {"q": 1.0}})
+    assert bank.refused == 1 and bank.totals() == {"q": 5.0 + 9}
+
+
+def test_churning_label_values_keep_the_bank_bounded():
+    bank = CounterBank(max_groups=64, expire_after=5)
+    for scrape in range(200):
+        bank.update({f"engine={scrape}-{i}": {"q": float(i)} for i in range(1000)})
+        assert len(bank.last) <= 64 and len(bank.offset) <= 64 and len(bank.seen) <= 64
+    assert len(bank.retired) == 1
+
+
+def test_a_restart_is_a_new_process_whose_counts_add_to_the_old_ones():
+    c = EngineCounters()
+    assert c.update(1000.0, {"g": {"q": 500}}) == 0
+    assert c.update(1000.0, {"g": {"q": 700}}) == 0
+    assert c.update(2000.0, {"g": {"q": 50}}) == 1  # new start time
+    assert c.totals() == {"q": 750} and c.replicas() == 1
+
+
+def test_replicas_alternating_behind_one_url_are_not_restarts():
+    c = EngineCounters()
+    restarts = 0
+    for k in range(40):  # two processes answer in turn, counters constant
+        start, q = (1000.0, 500.0) if k % 2 == 0 else (3000.0, 80.0)
+        restarts += c.update(start, {"g": {"q": q}})
+        assert c.totals() == {"q": 500.0 + (80.0 if k else 0.0)}
+    assert restarts == 0 and c.replicas() == 2
+    # each replica counts on: the sum grows by what they counted, nothing more
+    c.update(1000.0, {"g": {"q": 510.0}})
+    c.update(3000.0, {"g": {"q": 85.0}})
+    assert c.totals() == {"q": 595.0}
+
+
+def test_processes_are_bounded_and_forgotten_ones_keep_their_count():
+    c = EngineCounters(max_processes=4)
+    for k in range(100):  # a restart at every scrape
+        c.update(float(k), {"g": {"q": 1.0}})
+        assert len(c.banks) <= 4
+    assert c.totals() == {"q": 100.0}
+
+
+@pytest.mark.parametrize("bounds,counts", [
+    ((-10.0, -5.0, INF), [10.0, 10.0, 10.0]),  # every observation at or below -10
+    ((-10.0, 1.0, INF), [5.0, 10.0, 10.0]),
+    ((0.5, 1.0, INF), [0.0, 0.0, 10.0]),
+    ((-10.0, -5.0, INF), [0.0, 0.0, 10.0]),  # all in +Inf above a negative last bound
+])
+def test_quantiles_are_never_negative_and_capped_at_the_last_finite_bound(bounds, counts):
+    for q in (0.01, 0.5, 0.95, 0.99):
+        v = histogram_quantile(q, bounds, counts)
+        assert v is not None and 0.0 <= v <= max(bounds[-2], 0.0)
+
+
+def test_folded_totals_keep_counting_known_names_at_their_cap():
+    from gpuwatch.signals import windows
+
+    bank = CounterBank(expire_after=1)
+    bank.retired = {f"queue_le:{i}": 1.0 for i in range(windows.MAX_RETIRED_NAMES - 1)}
+    bank.retired["q"] = 5.0
+    bank.update({"g": {"q": 10.0, "new": 1.0}})
+    bank.update({})  # g is forgotten: its total folds in
+    assert bank.retired["q"] == 15.0 and "new" not in bank.retired
+    assert len(bank.retired) == windows.MAX_RETIRED_NAMES

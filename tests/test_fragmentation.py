@@ -98,6 +98,7 @@ def test_fires_after_three_consecutive_samples_with_the_right_pid():
     assert (ev.signal, ev.state, ev.severity) == ("fragmentation", "firing", "critical")
     assert (ev.gpu_uuid, ev.pid) == ("GPU-aaaa", PID)
     assert ev.value == pytest.approx(400 / 1024) and ev.threshold == 0.35
+    assert "(inactive_split/reserved 39% against its limit 35%)" in ev.message
     assert derived.processes[("GPU-aaaa", PID)].fragmentation_ratio == pytest.approx(400 / 1024)
 
 
@@ -116,6 +117,18 @@ def test_escalates_then_resolves_after_three_healthy_samples():
     flat = [(i, e.state, e.severity) for i, evs in enumerate(events) for e in evs]
     assert flat == [(2, "firing", "warning"), (5, "firing", "critical"),
                     (8, "resolved", "critical")]
+
+
+def test_a_ratio_hovering_at_its_limit_is_one_episode():
+    # inactive_split/reserved 36 % (over 35 %) fires; 33 % is below the limit but not
+    # below its exit (30 %): held; 29 % three times resolves
+    def ratio(r):
+        return (10 * GIB, int(r * 10 * GIB), 2 * GIB, 1800 * MIB, 300 * MIB, 2)
+    shapes = [ratio(0.36)] * 3 + [ratio(0.33)] * 4 + [ratio(0.36)] + [ratio(0.29)] * 3
+    events, _ = run(shapes)
+    flat = [(e.state, e.severity) for evs in events for e in evs]
+    assert flat == [("firing", "warning"), ("resolved", "warning")]
+    assert events[-1] and events[-1][0].state == "resolved"
 
 
 def test_tiny_free_pool_is_not_judged():

@@ -108,19 +108,21 @@ def test_simulated_leak_fires_the_generated_leak_alert(daemon, prometheus, tmp_p
 
     def leak_alerts():
         firing = [a for a in prom.alerts() if a["state"] == "firing"
-                  and a["labels"]["alertname"] in ("GpuwatchProcessMemoryLeak",
-                                                   "GpuwatchGpuMemoryLeak")]
-        names = {a["labels"]["alertname"] for a in firing}
-        return firing if names == {"GpuwatchProcessMemoryLeak", "GpuwatchGpuMemoryLeak"} else None
+                  and a["labels"]["alertname"] == "GpuwatchProcessMemoryLeak"
+                  and a["labels"]["severity"] == "critical"]
+        return firing or None
 
-    firing = wait_until(leak_alerts, 200, interval=2, what="the generated leak alerts to fire")
-    process_alerts = [a for a in firing if a["labels"]["alertname"] == "GpuwatchProcessMemoryLeak"]
+    firing = wait_until(leak_alerts, 200, interval=2, what="the generated leak alert to fire")
     # the leaking process, and only that one, is named
-    assert {a["labels"]["process"] for a in process_alerts} == {"leaky-worker"}
-    alert = process_alerts[0]
+    assert {a["labels"]["process"] for a in firing} == {"leaky-worker"}
+    alert = firing[0]
     assert alert["labels"]["job"] == "gpuwatch" and alert["labels"]["instance"] == d.address
-    assert alert["labels"]["severity"] in ("warning", "critical")
-    assert "leaky-worker" in alert["annotations"]["description"]
+    assert float(alert["value"]) == 2  # the daemon's verdict: critical
+    # the description quotes the daemon's rate in MiB: 64 MiB/s as the scenario says
+    desc = alert["annotations"]["description"]
+    assert "leaky-worker" in desc and "(critical slope 50 MiB/s" in desc
+    rate = float(desc.split("keeps grows ")[1].split("MiB/s")[0])
+    assert 55 < rate < 75, desc
     assert alert["annotations"]["runbook_url"].endswith("#gpuwatchprocessmemoryleak")
-    # a leak of ~50 MB/s, as the scenario says (the daemon's estimate, not rate() on a gauge)
-    assert 30e6 < float(alert["value"]) < 80e6
+    # the GPU's own verdict is about memory no process accounts for: nothing here
+    assert not [a for a in prom.alerts() if a["labels"]["alertname"] == "GpuwatchGpuMemoryLeak"]

@@ -70,7 +70,7 @@ def test_promtool_unit_tests_can_fail(tmp_path):
     """A wrong expectation must fail: the suite above is not vacuous."""
     promtool = require_binary("promtool")
     text = (TESTS_DIR / "gpu_memory.yml").read_text().replace(
-        "grows by 47.68MiB/s", "grows by 1MiB/s")
+        "it keeps grows 64MiB/s", "it keeps grows 1MiB/s")
     text = text.replace("../gpuwatch.", str(ALERTS_DIR) + "/gpuwatch.")
     bad = tmp_path / "bad.yml"
     bad.write_text(text)
@@ -161,14 +161,29 @@ def test_every_selector_is_scoped_to_the_job():
 
 
 def test_thresholds_come_from_the_parameters():
-    p = rules.RuleParams(leak_warning_bytes_per_second=1000, queue_latency_slo_seconds=0.5,
-                         queue_latency_quantile="0.99")
+    p = rules.RuleParams(leak_warning_bytes_per_second=52428.8, queue_latency_slo_seconds=0.5,
+                         queue_latency_quantile="0.99", leak_keep_firing_for="7m")
     text = rules.render(p)[rules.ALERTS_FILE]
-    assert "gpuwatch_gpu_memory_leak_rate_bytes_per_second{job=\"gpuwatch\"} > 1000\n" in text
+    assert "(warning slope 3 MiB/min" in text and "keep_firing_for: 7m" in text
     assert 'quantile="0.99"} > 0.5' in text
     default = rules.render(rules.RuleParams())[rules.ALERTS_FILE]
-    # 12 MiB/min and 50 MiB/s, the threshold table's slopes
-    assert "> 209715.2\n" in default and "> 52428800\n" in default
+    # 12 MiB/min and 50 MiB/s, the threshold table's slopes, quoted in MiB
+    assert "(warning slope 12 MiB/min" in default and "(critical slope 50 MiB/s" in default
+
+
+def test_leak_alerts_fire_on_the_daemons_verdict():
+    """Never on a re-thresholded estimate: the verdict carries the daemon's hysteresis."""
+    by_name: dict[str, list] = {}
+    for group in rules.alert_groups(rules.RuleParams()).values():
+        for a in group:
+            by_name.setdefault(a.alert, []).append(a)
+    for name, metric in (("GpuwatchProcessMemoryLeak", "gpuwatch_process_memory_leak_severity"),
+                         ("GpuwatchGpuMemoryLeak", "gpuwatch_gpu_memory_leak_severity"),
+                         ("GpuwatchGpuTimeToOom", "gpuwatch_gpu_time_to_oom_severity")):
+        exprs = {a.severity: a.expr for a in by_name[name]}
+        assert exprs == {"warning": f'{metric}{{job="gpuwatch"}} >= 1',
+                         "critical": f'{metric}{{job="gpuwatch"}} == 2'}, name
+        assert all(a.keep_firing_for for a in by_name[name]), name
 
 
 def test_runbook_url_option(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 from gpuwatch.config import load
 from gpuwatch.model import GpuSample, ProcessSample, Tick
+from gpuwatch.signals.config import TimeToOomConfig
 from gpuwatch.signals.oom import HorizonState, headroom_bytes, time_to_oom
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.thresholds import load_table
@@ -28,15 +29,26 @@ def test_time_to_oom_is_headroom_over_rate():
 
 def test_horizon_state():
     h = HorizonState()
-    args = (7200.0, 1800.0, 1.2)
-    assert h.update(9000, True, *args) == 0
-    assert h.update(7000, True, *args) == 1
-    assert h.update(1700, True, *args) == 2
-    assert h.update(2000, True, *args) == 2  # within the resolve margin
-    assert h.update(2200, True, *args) == 1
-    assert h.update(8000, True, *args) == 1
-    assert h.update(9000, True, *args) == 0
-    assert h.update(100, False, *args) == 0  # no leak detected: nothing to say
+    cfg = TimeToOomConfig(hold_seconds=0.0)
+    assert h.update(0, 9000, True, cfg) == 0
+    assert h.update(1, 7000, True, cfg) == 1
+    assert h.update(2, 1700, True, cfg) == 2
+    assert h.update(3, 2000, True, cfg) == 2  # within the resolve margin
+    assert h.update(4, 2200, True, cfg) == 1
+    assert h.update(5, 8000, True, cfg) == 1
+    assert h.update(6, 9000, True, cfg) == 0
+    assert h.update(7, 100, False, cfg) == 0  # no leak detected: nothing to say
+
+
+def test_horizon_state_holds_a_level_for_its_minimum_hold():
+    h = HorizonState()
+    cfg = TimeToOomConfig(hold_seconds=120.0)
+    assert h.update(0, 1700, True, cfg) == 2
+    assert h.update(60, 9000, True, cfg) == 2  # below its exit: held
+    assert h.update(90, 1700, True, cfg) == 2  # back: the hold starts again
+    assert h.update(100, 9000, True, cfg) == 2
+    assert h.update(219, 9000, True, cfg) == 2
+    assert h.update(220, 9000, True, cfg) == 0
 
 
 def run_leak(rate: float, base: float, seconds: float, onset: float = 3600.0, cfg=None):
@@ -76,7 +88,8 @@ def test_slow_leak_close_to_the_budget_is_critical_through_time_to_oom():
     leak = [e for e in events if e.signal == "memory_leak" and e.state == "firing"]
     assert leak and leak[0].pid == 7
     assert leak[0].severity == "critical" and "time to OOM" in leak[0].message
-    assert leak[0].threshold == pytest.approx(12 * MIB / 60)  # the warning slope it crossed
+    # the entry level it crossed: the warning slope less its tolerance
+    assert leak[0].threshold == pytest.approx(0.9 * 12 * MIB / 60)
 
 
 def test_slow_leak_with_room_is_only_a_warning():

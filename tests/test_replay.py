@@ -31,11 +31,16 @@ def test_live_events_equal_replayed_events(daemon, tmp_path):
 
     wait_until(leak_fired_and_acted_on, 120, interval=1,
                what="the simulated leak to be flagged and snapshotted")
+    state = d.state()
     d.stop()
     live = [json.loads(line) for line in log.read_text().splitlines()]
     live_signals = [e for e in live if "signal" in e]
     assert any(e["signal"] == "memory_leak" and e["severity"] == "critical"
                and e["pid"] == 41000 for e in live_signals)
+    # /api/state shows the very events the log holds (immutable: same id, same content)
+    by_id = {e["id"]: e for e in live_signals}
+    shown = [e for e in state["recent_events"] + state["active_events"] if "signal" in e]
+    assert shown and all(by_id[e["id"]] == e for e in shown)
 
     assert replay(rec, "--no-actions") == live_signals
     replayed = replay(rec)

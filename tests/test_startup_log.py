@@ -53,7 +53,8 @@ def test_startup_summary_human_events_and_replay_text(daemon, tmp_path):
     log, rec = tmp_path / "events.jsonl", tmp_path / "mixed.jsonl"
     d = daemon("--simulate", "mixed", "--events-log", str(log), "--record", str(rec),
                "--dry-run", env={"GPUWATCH_NVML_FAST_INTERVAL_SECONDS": "0.5"})
-    assert eventually(lambda: log.exists() and "memory_zone" in log.read_text(), 30)
+    # mixed's first event: the fragmenting allocator (nothing in mixed is in a memory zone)
+    assert eventually(lambda: log.exists() and "fragmentation" in log.read_text(), 60)
     d.stop()
     out = d.output()
     summary = [line.split("gpuwatch: ", 1)[1] for line in out.splitlines()
@@ -69,9 +70,9 @@ def test_startup_summary_human_events_and_replay_text(daemon, tmp_path):
     assert any(s.startswith("state ") and "audit log" in s and str(log) in s for s in summary)
     # Events: one human line each in the log, JSON only in the events log.
     events = [json.loads(line) for line in log.read_text().splitlines()]
-    zone = [e for e in events if e.get("signal") == "memory_zone"]
-    human = [line for line in out.splitlines() if " memory_zone firing | " in line]
-    assert len(human) == len([e for e in zone if e["state"] == "firing"]) >= 1
+    frag = [e for e in events if e.get("signal") == "fragmentation"]
+    human = [line for line in out.splitlines() if " fragmentation firing | " in line]
+    assert len(human) == len([e for e in frag if e["state"] == "firing"]) >= 1
     assert '{"' not in out  # no raw JSON in the log
     actions = [e for e in events if "action" in e]
     assert len([line for line in out.splitlines() if " action " in line]) == len(actions)
@@ -80,9 +81,9 @@ def test_startup_summary_human_events_and_replay_text(daemon, tmp_path):
                        capture_output=True, text=True, timeout=120, env=child_env())
     assert r.returncode == 0, r.stderr
     first = r.stdout.splitlines()[0]
-    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ WARNING memory_zone firing \| gpu GPU-",
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ WARNING fragmentation firing \| gpu GPU-",
                     first), first
-    assert "MiB > threshold" in first and "warning zone" in first
+    assert "< threshold 0.6" in first and "allocator fragmented" in first
     assert first in {line.split("gpuwatch: ", 1)[1] for line in human}  # the live line
 
 

@@ -116,11 +116,21 @@ def test_unplanned_memory_next_to_vllm_is_judged():
 def test_zone_resolves_with_hysteresis():
     up = [gpu(70 * GIB)] * 3
     down = [gpu(60.2 * GIB)] * 3 + [gpu(58 * GIB)] * 3
-    events, _ = zone_run(up + down)
+    events, _ = zone_run(up + down, hold_seconds=0)
     assert [(e.state, e.severity) for e in events] == [
         ("firing", "warning"), ("resolved", "warning")]
     # resolved only once below 62000 MiB - 2 % of 80 GiB
     assert events[1].t == 1000.0 + 2 * 6  # the first 58 GiB sample
+    assert events[1].ref == events[0].id and events[0].id
+
+
+def test_zone_holds_for_its_minimum_hold():
+    # below the exit level for 58 s, back up, then below for 60 s: one episode
+    up = [gpu(70 * GIB)] * 3
+    events, _ = zone_run(up + [gpu(58 * GIB)] * 30 + up + [gpu(58 * GIB)] * 31, hold_seconds=60)
+    assert [(e.state, e.severity) for e in events] == [
+        ("firing", "warning"), ("resolved", "warning")]
+    assert events[1].t == 1000.0 + 2 * (3 + 30 + 3 + 30)
 
 
 def test_planned_pools_can_be_turned_off():

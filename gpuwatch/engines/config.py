@@ -19,6 +19,12 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 KINDS = ("vllm", "sglang", "tgi", "llamacpp", "triton")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# Per endpoint: sample lines of the metrics gpuwatch reads kept from one scrape (a real
+# engine has a few hundred), series groups (data-parallel ranks, Triton models) tracked,
+# and how many scrapes a group may be absent before it is forgotten.
+DEFAULT_MAX_SERIES = 20_000
+DEFAULT_MAX_SERIES_GROUPS = 512
+DEFAULT_FORGET_GROUP_AFTER_SCRAPES = 60
 
 _NAME_RE = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9_.:\[\]\-]{0,127}")
 
@@ -45,8 +51,12 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     kind: str = "auto"
     interval_seconds: PositiveFloat = 5.0
     timeout_seconds: PositiveFloat = 2.0
-    # A response larger than this marks the endpoint down instead of being parsed.
+    # A response larger than this (after decompression) marks the endpoint down instead of
+    # being parsed.
     max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES
+    max_series: PositiveInt = DEFAULT_MAX_SERIES
+    max_series_groups: PositiveInt = DEFAULT_MAX_SERIES_GROUPS
+    forget_group_after_scrapes: PositiveInt = DEFAULT_FORGET_GROUP_AFTER_SCRAPES
     headers: dict[str, str] = {}
     bearer_token: str = ""
     # engine_down fires after this many consecutive failed scrapes (engine_up drops at once).
@@ -80,6 +90,9 @@ class DiscoveryConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     scrape_interval_seconds: PositiveFloat = 5.0
     timeout_seconds: PositiveFloat = 2.0
     max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES
+    max_series: PositiveInt = DEFAULT_MAX_SERIES
+    max_series_groups: PositiveInt = DEFAULT_MAX_SERIES_GROUPS
+    forget_group_after_scrapes: PositiveInt = DEFAULT_FORGET_GROUP_AFTER_SCRAPES
     down_after_failures: PositiveInt = 2
     # Only these kinds (empty: all).
     kinds: list[str] = []

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 SUFFIXES = ("", "_total", "_bucket", "_count", "_sum")
-# Bounds on hostile input: a line this long or a scrape with this many kept lines is not
-# a real engine's exposition.
+# Bounds on hostile input: a line this long or a scrape with more kept lines than this (the
+# default of an endpoint's max_series) is not a real engine's exposition.
 MAX_LINE_CHARS = 64 * 1024
 MAX_KEPT_LINES = 20_000
 
@@ -53,9 +53,13 @@ def _line_name(line: str) -> str:
 
 
 def select_lines(
-    text: str, prefixes: tuple[str, ...], wanted: frozenset[str]
+    text: str, prefixes: tuple[str, ...], wanted: frozenset[str],
+    max_lines: int = MAX_KEPT_LINES,
 ) -> tuple[list[str], int]:
-    """Sample lines whose metric name starts with a prefix and is wanted; (lines, dropped)."""
+    """Sample lines whose metric name starts with a prefix and is wanted; (lines, dropped).
+
+    At most max_lines are kept: past that, the rest of the text is not read.
+    """
     lines: list[str] = []
     dropped = 0
     for prefix in prefixes:
@@ -74,7 +78,7 @@ def select_lines(
             if len(line) > MAX_LINE_CHARS:
                 dropped += 1
             elif _line_name(line) in wanted:
-                if len(lines) >= MAX_KEPT_LINES:
+                if len(lines) >= max_lines:
                     dropped += 1
                     break  # not a real engine's exposition: stop reading it
                 lines.append(line)
@@ -113,23 +117,56 @@ def _add(expo: Exposition, families) -> None:
 
 # Series text ("name{labels}") -> (name, label key), parsed once by prometheus_client's
 # parser: label sets repeat from scrape to scrape, only values change, and label parsing is
-# most of the parser's cost (replay reads one scrape per tick for a day of ticks).
+# most of the parser's cost (replay reads one scrape per tick for a day of ticks). Bounded
+# in entries and key length: label values are the endpoint's choice, and one that churns
+# them must not grow the cache (about 5 MB at most).
 _SERIES_CACHE: dict[str, tuple[str, LabelKey]] = {}
-_SERIES_CACHE_MAX = 50_000
+_SERIES_CACHE_MAX = 8192
+_SERIES_CACHE_KEY_CHARS = 256
+
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\\n]*)"(?:,|$)')
+
+
+def _plain_series(series: str) -> tuple[str, LabelKey] | None:
+    """`name{a="x",b="y"}` without escapes or spaces, read with two regexes; None for
+    anything else (prometheus_client's parser decides). A label set that churns on every
+    scrape misses the cache each time: this keeps a miss cheap."""
+    brace = series.find("{")
+    if brace < 0:
+        return (series, ()) if _METRIC_NAME.fullmatch(series) else None
+    name, body = series[:brace], series[brace + 1 : -1]
+    if not series.endswith("}") or not _METRIC_NAME.fullmatch(name) or "\\" in body:
+        return None
+    labels: dict[str, str] = {}
+    pos, end = 0, len(body)
+    while pos < end:
+        m = _LABEL_PAIR.match(body, pos)
+        if m is None or m.group(1) in labels:
+            return None
+        labels[m.group(1)] = m.group(2)
+        pos = m.end()
+    return name, _label_key(labels)
 
 
 def _series(series: str) -> tuple[str, LabelKey] | None:
     hit = _SERIES_CACHE.get(series)
     if hit is not None:
         return hit
-    try:
-        families = list(text_string_to_metric_families(series + " 0\n"))
-        (sample,) = [s for f in families for s in f.samples]
-    except Exception:
-        return None
+    hit = _plain_series(series)
+    if hit is None:
+        try:
+            families = list(text_string_to_metric_families(series + " 0\n"))
+            (sample,) = [s for f in families for s in f.samples]
+        except Exception:
+            return None
+        hit = (sample.name, _label_key(sample.labels))
+    if len(series) > _SERIES_CACHE_KEY_CHARS:
+        return hit
     if len(_SERIES_CACHE) >= _SERIES_CACHE_MAX:
         _SERIES_CACHE.clear()  # hostile churn of label values: start over, stay bounded
-    hit = _SERIES_CACHE[series] = (sample.name, _label_key(sample.labels))
+    _SERIES_CACHE[series] = hit
     return hit
 
 
@@ -160,10 +197,11 @@ def _add_cached(expo: Exposition, lines: list[str]) -> list[str]:
     return rest
 
 
-def parse(text: str, prefixes: tuple[str, ...], wanted: frozenset[str]) -> Exposition:
+def parse(text: str, prefixes: tuple[str, ...], wanted: frozenset[str],
+          max_lines: int = MAX_KEPT_LINES) -> Exposition:
     """Parse the wanted series of an exposition; never raises on bad input."""
     expo = Exposition()
-    lines, dropped = select_lines(text, prefixes, wanted)
+    lines, dropped = select_lines(text, prefixes, wanted, max_lines)
     if dropped:
         expo.skipped_lines += dropped
         expo.notes.append(f"{dropped} over-long or excess line(s) ignored")

@@ -42,6 +42,11 @@ class EngineState:
     queue_requests_total: float | None = None
     queue_seconds_total: float | None = None
     restarts_detected: int = 0
+    # Processes answering at the URL: 2 or more when process_start_time_seconds alternates
+    # between them (replicas behind one address; reason says so while up). 0 while down.
+    replicas: int = 0
+    series_groups: int = 0  # counter groups tracked (ranks, models), bounded
+    limit: str = ""  # which bound this engine's exposition hit, if any
     # Windowed signals.
     kv_cache_hit_ratio: float | None = None
     kv_cache_hit_ratio_source: str = ""  # window | engine

@@ -21,7 +21,7 @@ def state_document(snap: Snapshot) -> dict[str, Any]:
         "started": snap.started,
         "t": snap.tick.t if snap.tick else None,
         "sources": {k: msgspec.to_builtins(v) for k, v in snap.sources.items()},
-        "sample": msgspec.to_builtins(snap.tick) if snap.tick else None,
+        "sample": _sample(snap),
         "signals": {
             "gpus": msgspec.to_builtins(derived.gpus),
             "processes": [
@@ -39,3 +39,16 @@ def state_document(snap: Snapshot) -> dict[str, Any]:
         "config": config_for_display(snap.config) if snap.config is not None else None,
     }
     return msgspec.json.decode(scrub_json(msgspec.json.encode(doc)))
+
+
+def _sample(snap: Snapshot) -> dict[str, Any] | None:
+    if snap.tick is None:
+        return None
+    sample = msgspec.to_builtins(snap.tick)
+    # An engine's exposition can be megabytes: /api/state gives its size, the recording
+    # keeps the text.
+    for eng in sample.get("engines", ()):
+        text = eng.pop("exposition", None)
+        if text is not None:
+            eng["exposition_chars"] = len(text)
+    return sample

@@ -3,7 +3,10 @@
 Recording rules are named `level:metric:operations`; alerts are CamelCase, prefixed
 `Gpuwatch`, carry a `severity` label and `summary`, `description` and `runbook_url`
 annotations. Gauges are never fed to `rate()`: leak alerts use the daemon's own robust
-estimate, ratios are ratios of summed counter rates.
+estimate, ratios are ratios of summed counter rates. Leak, time-to-OOM and zone alerts
+fire on the daemon's own verdict gauges (which carry its hysteresis), not on a re-thresholded
+estimate, and `keep_firing_for` bridges a missed scrape or a daemon restart so that one
+episode never pages twice.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ class RuleParams:
 
     job: str = "gpuwatch"
     runbook_url: str = RUNBOOK_URL
-    # spec §2: warning at the table's slope (12 MB/min sustained), critical at 50 MB/s
+    # spec §2: warning at the table's slope (12 MiB/min sustained), critical at 50 MiB/s
+    # (the daemon judges them; the alerts quote them)
     leak_warning_bytes_per_second: float = 12 * MIB / 60
     leak_critical_bytes_per_second: float = 50 * MIB
     # the daemon's [signals.time_to_oom] horizons
     time_to_oom_warning_seconds: float = 7200
     time_to_oom_critical_seconds: float = 1800
+    # a verdict that disappears for a scrape or a daemon restart keeps the alert this long
+    leak_keep_firing_for: str = "2m"
     # spec §4: compaction past 35 % fragmentation
     fragmentation_ratio: float = 0.35
     # What a good hit ratio is depends on the workload's shared prefixes: tune it.
@@ -77,12 +83,14 @@ class Alert:
     summary: str
     description: str
     for_: str = "0m"
+    keep_firing_for: str = ""
 
     def to_dict(self, runbook_url: str) -> dict:
+        out: dict = {"alert": self.alert, "expr": self.expr, "for": self.for_}
+        if self.keep_firing_for:
+            out["keep_firing_for"] = self.keep_firing_for
         return {
-            "alert": self.alert,
-            "expr": self.expr,
-            "for": self.for_,
+            **out,
             "labels": {"severity": self.severity},
             "annotations": {
                 "summary": self.summary,
@@ -95,6 +103,21 @@ class Alert:
 def _num(x: float) -> str:
     """Shortest exact text of a threshold for PromQL (209715.2, not 209715.19999999998)."""
     return repr(float(x)).removesuffix(".0")
+
+
+def _rate_mib(bps: float) -> str:
+    """52428800 -> '50 MiB/s', 209715.2 -> '12 MiB/min' (for annotations)."""
+    mib = bps / MIB
+    return f"{mib:g} MiB/s" if mib >= 1 else f"{mib * 60:g} MiB/min"
+
+
+def _value_of(metric: str, job: str, labels: tuple[str, ...], fmt: str, suffix: str) -> str:
+    """Template text quoting another series of the same subject (e.g. the rate behind a
+    verdict), or 'n/a' when it is absent."""
+    matchers = ",".join([f"job='{job}'", *(f"{k}='%s'" for k in labels)])
+    args = " ".join(f"$labels.{k}" for k in labels)
+    return (f'{{{{ with printf "{metric}{{{matchers}}}" {args} | query }}}}'
+            f"{{{{ . | first | value | {fmt} }}}}{suffix}{{{{ else }}}}n/a{{{{ end }}}}")
 
 
 def _span(seconds: float) -> str:
@@ -171,8 +194,14 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
     eng = "engine {{ $labels.engine }} ({{ $labels.model }}) on {{ $labels.instance }}"
     ecc = f'gpuwatch_gpu_ecc_errors_total{{{j},type="uncorrected"}}'
     failed = f'gpuwatch_remediation_actions_total{{{j},result="failed"}}'
-    leak_w, leak_c = _num(p.leak_warning_bytes_per_second), _num(p.leak_critical_bytes_per_second)
-    tto_w, tto_c = _num(p.time_to_oom_warning_seconds), _num(p.time_to_oom_critical_seconds)
+    gpu_keys, proc_keys = ("instance", "uuid"), ("instance", "uuid", "pid")
+    gpu_rate = _value_of("gpuwatch_gpu_memory_leak_rate_bytes_per_second", p.job, gpu_keys,
+                         "humanize1024", "B/s")
+    proc_rate = _value_of("gpuwatch_process_memory_leak_rate_bytes_per_second", p.job,
+                          proc_keys, "humanize1024", "B/s")
+    ttoom = _value_of("gpuwatch_gpu_time_to_oom_seconds", p.job, gpu_keys, "humanizeDuration",
+                      "")
+    leak_keep = p.leak_keep_firing_for
     q = p.queue_latency_quantile
 
     exporter = [
@@ -200,42 +229,53 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
               "drain it and check row remapping.", "0m"),
     ]
     memory = [
-        Alert("GpuwatchGpuMemoryZone", f"gpuwatch_gpu_memory_zone{{{j}}} == 1", "warning",
+        # Verdict gauges carry the daemon's hysteresis: a short `for:` confirms a scrape,
+        # warning is ">= 1" so that an escalation never resolves it (Alertmanager inhibits
+        # the warning while the critical fires), keep_firing_for bridges scrape gaps.
+        Alert("GpuwatchGpuMemoryZone", f"gpuwatch_gpu_memory_zone{{{j}}} >= 1", "warning",
               "GPU memory is in the warning zone.",
-              f"{ident} has been in the threshold table's warning (yellow) memory zone for "
-              "10 minutes.", "10m"),
+              f"{ident} has been in the threshold table's warning (yellow) memory zone or "
+              "above for 10 minutes.", "10m", "2m"),
         Alert("GpuwatchGpuMemoryZone", f"gpuwatch_gpu_memory_zone{{{j}}} == 2", "critical",
               "GPU memory is in the critical zone.",
               f"{ident} has been in the threshold table's critical (red) memory zone for "
-              "2 minutes: an OOM is close.", "2m"),
+              "2 minutes: an OOM is close.", "2m", "2m"),
         Alert("GpuwatchGpuMemoryLeak",
-              f"gpuwatch_gpu_memory_leak_rate_bytes_per_second{{{j}}} > {leak_w}", "warning",
+              f"gpuwatch_gpu_memory_leak_severity{{{j}}} >= 1", "warning",
               "GPU memory keeps growing.",
-              f"Memory kept on {ident} grows by {{{{ $value | humanize1024 }}}}B/s "
-              "(gpuwatch's robust estimate, warm-up and allocator sawtooth excluded).", "10m"),
+              f"gpuwatch judges that memory no process accounts for on {ident} leaks: it "
+              f"grows {gpu_rate} (warning slope {_rate_mib(p.leak_warning_bytes_per_second)}"
+              ", warm-up and allocator sawtooth excluded).", "1m", leak_keep),
         Alert("GpuwatchGpuMemoryLeak",
-              f"gpuwatch_gpu_memory_leak_rate_bytes_per_second{{{j}}} > {leak_c}", "critical",
+              f"gpuwatch_gpu_memory_leak_severity{{{j}}} == 2", "critical",
               "GPU memory grows very fast.",
-              f"Memory kept on {ident} grows by {{{{ $value | humanize1024 }}}}B/s.", "2m"),
+              f"gpuwatch judges that memory no process accounts for on {ident} leaks fast: "
+              f"it grows {gpu_rate} (critical slope "
+              f"{_rate_mib(p.leak_critical_bytes_per_second)}, or an OOM within "
+              f"{_span(p.time_to_oom_critical_seconds)}).", "0m", leak_keep),
         Alert("GpuwatchProcessMemoryLeak",
-              f"gpuwatch_process_memory_leak_rate_bytes_per_second{{{j}}} > {leak_w}",
+              f"gpuwatch_process_memory_leak_severity{{{j}}} >= 1",
               "warning", "A process is leaking GPU memory.",
-              f"GPU memory kept by {proc} grows by {{{{ $value | humanize1024 }}}}B/s.",
-              "10m"),
+              f"gpuwatch judges that {proc} leaks: the GPU memory it keeps grows "
+              f"{proc_rate} (warning slope {_rate_mib(p.leak_warning_bytes_per_second)}).",
+              "1m", leak_keep),
         Alert("GpuwatchProcessMemoryLeak",
-              f"gpuwatch_process_memory_leak_rate_bytes_per_second{{{j}}} > {leak_c}",
+              f"gpuwatch_process_memory_leak_severity{{{j}}} == 2",
               "critical", "A process is leaking GPU memory very fast.",
-              f"GPU memory kept by {proc} grows by {{{{ $value | humanize1024 }}}}B/s.", "2m"),
+              f"gpuwatch judges that {proc} leaks fast: the GPU memory it keeps grows "
+              f"{proc_rate} (critical slope {_rate_mib(p.leak_critical_bytes_per_second)}"
+              f", or an OOM within {_span(p.time_to_oom_critical_seconds)}).", "0m",
+              leak_keep),
         Alert("GpuwatchGpuTimeToOom",
-              f"gpuwatch_gpu_time_to_oom_seconds{{{j}}} < {tto_w}", "warning",
+              f"gpuwatch_gpu_time_to_oom_severity{{{j}}} >= 1", "warning",
               f"A GPU will run out of memory within {_span(p.time_to_oom_warning_seconds)}.",
-              f"At its current leak rate {ident} reaches its memory budget in "
-              "{{ $value | humanizeDuration }}.", "5m"),
+              f"At its current leak rate {ident} reaches its memory budget in {ttoom}.",
+              "1m", leak_keep),
         Alert("GpuwatchGpuTimeToOom",
-              f"gpuwatch_gpu_time_to_oom_seconds{{{j}}} < {tto_c}", "critical",
+              f"gpuwatch_gpu_time_to_oom_severity{{{j}}} == 2", "critical",
               f"A GPU will run out of memory within {_span(p.time_to_oom_critical_seconds)}.",
-              f"At its current leak rate {ident} reaches its memory budget in "
-              "{{ $value | humanizeDuration }}.", "2m"),
+              f"At its current leak rate {ident} reaches its memory budget in {ttoom}.",
+              "0m", leak_keep),
         Alert("GpuwatchAllocatorFragmentation",
               f"gpuwatch_process_allocator_fragmentation_ratio{{{j}}} > "
               f"{_num(p.fragmentation_ratio)}", "warning",

@@ -23,7 +23,8 @@ class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class LifecycleConfig(Section, kw_only=True):
-    """Spec §3: loading -> warm-up -> steady. Growth before steady is not judged."""
+    """Spec §3: loading -> warm-up -> steady. Before steady only fast sustained growth is
+    judged (LeakConfig.early_*)."""
 
     # Growth pauses this long (no new high): loading is over, warm-up begins.
     loading_settle_seconds: PositiveFloat = 30.0
@@ -44,7 +45,7 @@ class LifecycleConfig(Section, kw_only=True):
 
 class LeakConfig(Section, kw_only=True):
     enabled: bool = True
-    # Slopes (bytes/s); unset: the threshold table's (12 MB/min and 50 MB/s in v2.3.1).
+    # Slopes (bytes/s); unset: the threshold table's (12 MiB/min and 50 MiB/s in v2.3.1).
     warning_bytes_per_second: PositiveFloat | None = None
     critical_bytes_per_second: PositiveFloat | None = None
     # A robust slope this close below a threshold counts as reaching it.
@@ -52,10 +53,13 @@ class LeakConfig(Section, kw_only=True):
     # A sustained trend fires once it has held this long (a transient that outlasts the
     # floor window lifts the floor for a few minutes at most).
     confirm_seconds: NonNegFloat = 240.0
-    # A firing leak resolves once its slope has stayed below this share of the threshold
-    # for resolve_seconds.
+    # Exit level and minimum hold: a warning falls back once the retained-memory trend has
+    # stayed below resolve_ratio x its slope for resolve_seconds; a critical once the raw
+    # lower envelope rose less than resolve_ratio x its slope on average over the last
+    # critical_resolve_seconds (no floor-window lag; sawtooth cannot hold it open).
     resolve_ratio: Ratio = 0.5
     resolve_seconds: NonNegFloat = 600.0
+    critical_resolve_seconds: NonNegFloat = 300.0
     # Retained memory: the minimum over floor_window, sampled once per bucket.
     bucket_seconds: PositiveFloat = 60.0
     floor_window_seconds: PositiveFloat = 300.0
@@ -67,8 +71,16 @@ class LeakConfig(Section, kw_only=True):
     sustained_ratio: Ratio = 0.4
     # ... and the second half rose at least this share of the first (warm-up levels off).
     levelling_ratio: Ratio = 0.4
-    # Fast path for the critical slope: Theil-Sen over raw samples of this window.
+    # Fast path for the critical slope: the raw samples of this window, in quarters.
     critical_window_seconds: PositiveFloat = 40.0
+    # Before steady (loading, warm-up), growth is judged critical when the minima of each
+    # of early_parts parts of a full early_window climb at the critical slope, once the
+    # lower envelope has paused for early_pause_seconds since the process started (loading
+    # is over), and the growth would spend the GPU's budget within early_horizon_seconds.
+    early_window_seconds: PositiveFloat = 50.0
+    early_parts: Annotated[int, msgspec.Meta(ge=2)] = 5
+    early_pause_seconds: PositiveFloat = 20.0
+    early_horizon_seconds: PositiveFloat = 7200.0
     # Per process, follow the probe's allocator reserved bytes instead of NVML's figure.
     prefer_probe: bool = True
     probe_max_age_seconds: PositiveFloat = 30.0
@@ -81,6 +93,8 @@ class ZoneConfig(Section, kw_only=True):
     hysteresis_ratio: Share = 0.02
     # Enter a higher zone after this many consecutive samples in it.
     enter_samples: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # Leave a zone only after being below its exit level this long (minimum hold).
+    hold_seconds: NonNegFloat = 60.0
     # Recognise engines' pre-allocated pools (vLLM gpu_memory_utilization) as planned.
     planned_pools: bool = True
     # vLLM's own default, for an engine that does not publish cache_config_info.
@@ -95,6 +109,8 @@ class TimeToOomConfig(Section, kw_only=True):
     warning_seconds: PositiveFloat = 7200.0
     # Resolve only once the time to OOM is this factor above the horizon.
     resolve_factor: Annotated[float, msgspec.Meta(ge=1)] = 1.2
+    # ... and that has held this long (minimum hold of a level).
+    hold_seconds: NonNegFloat = 120.0
 
 
 class FragmentationSignalConfig(Section, kw_only=True):

@@ -10,6 +10,10 @@ from typing import Any
 class GpuSignals:
     leak_rate_bytes_per_second: float | None = None
     time_to_oom_seconds: float | None = None
+    # The daemon's leak verdict for the GPU's own series: 0 none, 1 warning, 2 critical.
+    leak_severity: int | None = None
+    # The daemon's time-to-OOM verdict: 0 none, 1 warning, 2 critical (horizons).
+    time_to_oom_severity: int | None = None
     zone: int | None = None  # 0 safe, 1 warning, 2 critical
     # zone name -> bytes where that zone starts (warning, critical), plus "budget"
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -24,6 +28,7 @@ class GpuSignals:
 class ProcessSignals:
     leak_rate_bytes_per_second: float | None = None
     time_to_oom_seconds: float | None = None
+    leak_severity: int | None = None  # the daemon's verdict: 0 none, 1 warning, 2 critical
     fragmentation_ratio: float | None = None
     # Free-block count per MB of free memory (spec §4), from the probe's snapshot.
     free_blocks_per_mb: float | None = None

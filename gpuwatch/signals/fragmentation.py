@@ -21,8 +21,10 @@ Judgement of one sample:
                    the smallest is under `smallest_free_block_min` (a cache compaction,
                    i.e. a flush, is due).
 A level fires after `consecutive_samples` probe samples at or above it, and falls back
-after as many below it. Samples are counted by the probe's own timestamp, so a record the
-daemon reads on several ticks counts once.
+after as many samples below it by the exit band (`EXIT_BAND`: the ratio 0.05 under its
+maximum, the largest-free share 0.05 over its minimum, blocks per MiB 10 % under theirs), so
+a value that hovers at a limit is one episode. Samples are counted by the probe's own
+timestamp, so a record the daemon reads on several ticks counts once.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from gpuwatch.signals.derived import Derived
 MIB = 1024 * 1024
 MIN_JUDGED_FREE_BYTES = 64 * MIB
 SIGNAL = "fragmentation"
+EXIT_BAND = 0.05  # share; blocks per MiB leave 10 % under their maximum
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,15 @@ class Limits:
     act_when_free_below_bytes: int = 512 * MIB
     fragmentation_ratio_max: float = 0.35
     consecutive_samples: int = 3
+
+    def exit_limits(self) -> Limits:
+        """The limits a firing level must be back under to count as below it."""
+        return replace(
+            self,
+            fragmentation_ratio_max=max(0.0, self.fragmentation_ratio_max - EXIT_BAND),
+            largest_free_share_min=min(1.0, self.largest_free_share_min + EXIT_BAND),
+            free_blocks_per_mb_max=self.free_blocks_per_mb_max * (1 - 2 * EXIT_BAND),
+        )
 
     @classmethod
     def resolve(cls, table=None, overrides=None) -> Limits:
@@ -152,13 +164,15 @@ def locate(tick: Tick) -> list[tuple[ProbeSample, GpuSample]]:
 class _Track:
     create_time: float | None
     last_t: float | None = None
-    levels: deque = field(default_factory=deque)
+    levels: deque = field(default_factory=deque)  # judged on the limits (entry)
+    keeps: deque = field(default_factory=deque)  # judged on the exit limits
     active: int = 0
 
 
 class FragmentationAnalyzer:
     def __init__(self, limits: Limits | None = None, *, emit: bool = True) -> None:
         self.limits = limits or Limits()
+        self._exit = self.limits.exit_limits()
         self.emit = emit
         self._tracks: dict[tuple[str, int], _Track] = {}
 
@@ -208,13 +222,15 @@ class FragmentationAnalyzer:
         if probe.t is None or probe.t != track.last_t:
             track.last_t = probe.t
             track.levels.append(level)
+            track.keeps.append(judge(m, self._exit)[0])
             while len(track.levels) > n:
                 track.levels.popleft()
+                track.keeps.popleft()
             if len(track.levels) == n:
                 if min(track.levels) > track.active:
                     track.active = min(track.levels)
-                elif max(track.levels) < track.active:
-                    track.active = max(track.levels)
+                elif max(track.keeps) < track.active:
+                    track.active = max(track.keeps)
         ev = None
         if track.active:
             severity = "critical" if track.active == 2 else "warning"
@@ -223,7 +239,7 @@ class FragmentationAnalyzer:
                 threshold = self.limits.fragmentation_ratio_max
             ev = Event(t=t, signal=SIGNAL, state="firing", severity=severity, gpu_uuid=uuid,
                        pid=probe.pid, value=value, threshold=threshold,
-                       message=_message(probe.pid, rule, m, severity))
+                       message=_message(probe.pid, rule, value, threshold, m, severity))
         return out + conditions.set(t, ev, cond_key)
 
 
@@ -233,9 +249,12 @@ def _fmt(x: float | None, pct: bool = False) -> str:
     return f"{100 * x:.0f}%" if pct else f"{x:.2f}"
 
 
-def _message(pid: int, rule: str, m: Measures, severity: str) -> str:
+def _message(pid: int, rule: str, value: float | None, threshold: float | None, m: Measures,
+             severity: str) -> str:
     free = "n/a" if m.total_free_bytes is None else f"{m.total_free_bytes / MIB:.0f} MiB"
-    text = (f"pid {pid}: allocator fragmented ({rule}): inactive_split/reserved "
+    pct = rule != "free blocks per MiB"
+    judged = f"{_fmt(value, pct)} against its limit {_fmt(threshold, pct)}"
+    text = (f"pid {pid}: allocator fragmented ({rule} {judged}): inactive_split/reserved "
             f"{_fmt(m.fragmentation_ratio, True)}, largest free block "
             f"{_fmt(m.largest_free_share, True)} of {free} free, "
             f"{_fmt(m.free_blocks_per_mb)} free blocks/MiB")

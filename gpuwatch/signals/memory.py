@@ -8,6 +8,7 @@ Pure: time comes from tick.t, state is bounded per series, output is determinist
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gpuwatch.events import Event
@@ -30,6 +31,9 @@ class _Proc:
     create_time: float | None
     source: str  # nvml | probe
     last_seen: float
+    # Escalated to critical by time to OOM in this episode: it stays critical until the
+    # episode ends (the severity of one episode only goes up).
+    escalated: bool = False
 
 
 @dataclass
@@ -39,12 +43,25 @@ class _Gpu:
     last_seen: float
     zone: ZoneState = field(default_factory=ZoneState)
     horizon: HorizonState = field(default_factory=HorizonState)
+    escalated: bool = False
 
 
 def _rate_text(bps: float) -> str:
     if abs(bps) >= MIB:
         return f"{bps / MIB:.1f} MiB/s"
     return f"{bps * 60 / MIB:.1f} MiB/min"
+
+
+def _ttoom(headroom: float | None, rate: float | None) -> float | None:
+    """Time to OOM, infinite when memory is not growing (None: no threshold row)."""
+    if headroom is None:
+        return None
+    ttoom = time_to_oom(headroom, rate)
+    return math.inf if ttoom is None else ttoom
+
+
+def _severity_level(ev: Event | None) -> int:
+    return 0 if ev is None else 2 if ev.severity == "critical" else 1
 
 
 def _duration(seconds: float) -> str:
@@ -111,6 +128,7 @@ class MemoryAnalyzer:
             return []
         row = self.table.match(gpu.name, total) if total else None
         events: list[Event] = []
+        headroom = headroom_bytes(row.budget_bytes, used) if row is not None else None
 
         # Leak series: per process, then the GPU as a whole.
         leak_on = self.cfg.leak.enabled
@@ -118,11 +136,11 @@ class MemoryAnalyzer:
         proc_rates: dict[int, float | None] = {}
         if leak_on:
             for p in procs:
-                self._proc_update(t, uuid, p, probes.get(p.pid))
+                self._proc_update(t, uuid, p, probes.get(p.pid), headroom)
                 state = self._procs.get((uuid, p.pid))
                 if state is not None:
                     proc_rates[p.pid] = state.series.rate
-            gstate = self._gpu_update(t, gpu, used)
+            gstate = self._gpu_update(t, gpu, used, headroom)
 
         # Zone, on memory that was not planned.
         if row is not None:
@@ -137,49 +155,61 @@ class MemoryAnalyzer:
 
         if not leak_on:
             sig.leak_rate_bytes_per_second = sig.time_to_oom_seconds = None
+            sig.leak_severity = sig.time_to_oom_severity = None
             return events
 
-        # Rates and time to OOM: the GPU's rate is what its parts add up to.
-        headroom = headroom_bytes(row.budget_bytes, used) if row is not None else None
+        # Rates and time to OOM: the GPU's rate is what its parts add up to. Every judged
+        # series has a value on every tick (0 rate, infinite time to OOM when not growing):
+        # an alert's `for:` restarts on any gap.
         own = gstate.series.rate if gstate.series.phase == STEADY else None
         parts = [r for r in (*proc_rates.values(), own) if r is not None]
-        g_rate = sum(parts) if parts else None
+        g_rate = sum(parts) if parts else 0.0
         sig.leak_rate_bytes_per_second = g_rate
-        g_ttoom = time_to_oom(headroom, g_rate) if headroom is not None else None
-        sig.time_to_oom_seconds = g_ttoom
 
         horizon = self.cfg.time_to_oom
         crit_h = horizon.critical_seconds if horizon.enabled else None
-        leaking = False
+        judged: list[float] = []  # the rates of the series judged leaking
         for p in procs:
             state = self._procs.get((uuid, p.pid))
             psig = derived.process(uuid, p.pid)
             if state is None:
                 psig.leak_rate_bytes_per_second = psig.time_to_oom_seconds = None
+                psig.leak_severity = None
                 psig.phase = ""
                 continue
-            rate = state.series.rate
-            ttoom = time_to_oom(headroom, rate) if headroom is not None else None
+            rate = state.series.rate if state.series.rate is not None else 0.0
+            ttoom = _ttoom(headroom, rate)
             psig.leak_rate_bytes_per_second = rate
             psig.time_to_oom_seconds = ttoom
             psig.phase = state.series.phase
-            ev = self._leak_event(t, uuid, p.pid, p.name, state.series.level, rate, ttoom,
-                                  crit_h, gpu.index, state.source)
-            leaking = leaking or ev is not None
+            ev = self._leak_event(t, uuid, p.pid, p.name, state, ttoom, crit_h, gpu.index,
+                                  state.source)
+            psig.leak_severity = _severity_level(ev)
+            if ev is not None:
+                judged.append(max(rate, state.series.value or 0.0))
             events += conditions.set(t, ev, ("memory_leak", uuid, p.pid, None))
 
         # The GPU's own series: memory no process accounts for, or all of it when the
         # driver gives no per-process figures.
-        g_level = gstate.series.level if gstate.series.phase == STEADY else 0
         source = "unattributed" if gstate.signature[0] else "nvml"
-        ev = self._leak_event(t, uuid, None, "", g_level, own, time_to_oom(headroom, own)
-                              if headroom is not None else None, crit_h, gpu.index, source)
-        leaking = leaking or ev is not None
+        ev = self._leak_event(t, uuid, None, "", gstate, _ttoom(headroom, own), crit_h,
+                              gpu.index, source)
+        sig.leak_severity = _severity_level(ev)
+        if ev is not None:
+            judged.append(max(own or 0.0, gstate.series.value or 0.0))
         events += conditions.set(t, ev, ("memory_leak", uuid, None, None))
 
+        # Time to OOM. While a leak is judged it runs at no less than the rate that leak
+        # was judged on: noise in the current estimate then only shortens it, so its
+        # verdict cannot fall back and fire again within one leak episode.
+        leaking = bool(judged)
+        ttoom_rate = sum(judged) if leaking else g_rate
+        g_ttoom = _ttoom(headroom, ttoom_rate)
+        sig.time_to_oom_seconds = g_ttoom
+
         if horizon.enabled:
-            level = gstate.horizon.update(g_ttoom, leaking, horizon.warning_seconds,
-                                          horizon.critical_seconds, horizon.resolve_factor)
+            level = gstate.horizon.update(t, g_ttoom, leaking, horizon)
+            sig.time_to_oom_severity = level
             ev = None
             if level and g_ttoom is not None:
                 limit = horizon.critical_seconds if level == 2 else horizon.warning_seconds
@@ -187,15 +217,16 @@ class MemoryAnalyzer:
                     t=t, signal="time_to_oom", state="firing", severity=SEVERITY[level],
                     gpu_uuid=uuid, value=g_ttoom, threshold=limit,
                     message=(f"GPU {gpu.index} runs out of its memory budget in "
-                             f"{_duration(g_ttoom)} at {_rate_text(g_rate or 0)} "
-                             f"(horizon {_duration(limit)})"),
+                             f"{_duration(g_ttoom)} at {_rate_text(ttoom_rate)} "
+                             f"(under the {SEVERITY[level]} horizon of {_duration(limit)})"),
                 )
             events += conditions.set(t, ev, ("time_to_oom", uuid, None, None))
         return events
 
     # -- leak series ------------------------------------------------------------------------
 
-    def _proc_update(self, t: float, uuid: str, p, probe: ProbeSample | None) -> None:
+    def _proc_update(self, t: float, uuid: str, p, probe: ProbeSample | None,
+                     headroom: float | None) -> None:
         key = (uuid, p.pid)
         state = self._procs.get(key)
         if probe is not None and None not in (probe.create_time, p.create_time) and abs(
@@ -219,9 +250,9 @@ class MemoryAnalyzer:
         if source != state.source:
             state.source = source
             state.series.rebase()
-        state.series.update(t, float(value))
+        state.series.update(t, float(value), headroom)
 
-    def _gpu_update(self, t: float, gpu: GpuSample, used: int) -> _Gpu:
+    def _gpu_update(self, t: float, gpu: GpuSample, used: int, headroom: float | None) -> _Gpu:
         """The GPU's own series: used minus what its processes hold when NVML gives every
         process's figure (growth no process explains), else all of used."""
         held = [p.used_memory_bytes for p in gpu.processes]
@@ -239,24 +270,36 @@ class MemoryAnalyzer:
                 state = self._gpus[gpu.uuid] = _Gpu(signature, series, t)
             else:
                 state.signature, state.series = signature, series
+                state.escalated = False
         state.last_seen = t
-        state.series.update(t, float(value))
+        state.series.update(t, float(value), headroom)
         return state
 
-    def _leak_event(self, t: float, uuid: str, pid: int | None, name: str, level: int,
-                    rate: float | None, ttoom: float | None, crit_h: float | None,
+    def _leak_event(self, t: float, uuid: str, pid: int | None, name: str,
+                    state: _Proc | _Gpu, ttoom: float | None, crit_h: float | None,
                     index: int, source: str) -> Event | None:
-        if level == 0 or rate is None:
+        """The firing event of the series' verdict (None: no leak). It states the value
+        the level was judged on and the entry level it reached; a warning whose time to
+        OOM is under the critical horizon is critical for the rest of its episode."""
+        series = state.series
+        level = series.level
+        if level == 0 or series.value is None or series.threshold is None:
+            state.escalated = False
             return None
-        by_oom = level == 1 and crit_h is not None and ttoom is not None and ttoom < crit_h
-        severity = "critical" if level == 2 or by_oom else "warning"
-        limit = self.params.critical if level == 2 else self.params.warning
+        if level == 1 and crit_h is not None and ttoom is not None and ttoom < crit_h:
+            state.escalated = True
+        severity = "critical" if level == 2 or state.escalated else "warning"
+        rate, limit = series.value, series.threshold
+        slope = self.params.critical if level == 2 else self.params.warning
         who = f"pid {pid} ({name or '?'}) on GPU {index}" if pid is not None else f"GPU {index}"
         what = {"probe": "allocator reserved memory",
                 "unattributed": "memory no process accounts for"}.get(source, "memory")
-        msg = f"{who}: retained {what} grows {_rate_text(rate)} (threshold {_rate_text(limit)})"
-        if by_oom:
-            msg += f"; time to OOM {_duration(ttoom)} < {_duration(crit_h)}"  # type: ignore[arg-type]
+        when = "" if series.judged_phase == STEADY else f" during {series.judged_phase}"
+        msg = (f"{who}: retained {what} grows {_rate_text(rate)}{when}, at or above "
+               f"{_rate_text(limit)} ({SEVERITY[level]} slope {_rate_text(slope)} less "
+               f"{self.cfg.leak.tolerance:.0%} tolerance)")
+        if state.escalated and level == 1:
+            msg += f"; time to OOM under the {_duration(crit_h)} horizon: critical"  # type: ignore[arg-type]
         return Event(t=t, signal="memory_leak", state="firing", severity=severity,
                      gpu_uuid=uuid, pid=pid, value=rate, threshold=limit, message=msg)
 
@@ -278,7 +321,7 @@ class MemoryAnalyzer:
         state.last_seen = t
         band = zc.hysteresis_ratio * row.memory_total_bytes
         level = state.zone.update(unplanned, row.warning_bytes, row.critical_bytes, band,
-                                  zc.enter_samples)
+                                  zc.enter_samples, t, zc.hold_seconds)
         sig.zone = level
         sig.unplanned_memory_bytes = unplanned
         sig.notes.extend(notes)

@@ -11,6 +11,8 @@ that still grows has a time to OOM of 0.
 
 from __future__ import annotations
 
+from gpuwatch.signals.conditions import Hold
+
 
 def headroom_bytes(budget_bytes: float, used_bytes: float) -> float:
     return budget_bytes - used_bytes
@@ -24,19 +26,27 @@ def time_to_oom(headroom: float, rate: float | None) -> float | None:
 
 
 class HorizonState:
-    """time_to_oom level (0 none, 1 warning, 2 critical) with a resolve margin."""
+    """time_to_oom level (0 none, 1 warning, 2 critical): entered below a horizon, left
+    only once the time to OOM is resolve_factor above it (or no leak is judged) and that
+    has held for hold_seconds."""
 
     def __init__(self) -> None:
-        self.level = 0
+        self._hold = Hold()
 
-    def update(self, ttoom: float | None, leaking: bool, warning_s: float, critical_s: float,
-               resolve_factor: float) -> int:
+    @property
+    def level(self) -> int:
+        return self._hold.level
+
+    def update(self, t: float, ttoom: float | None, leaking: bool, cfg) -> int:
+        level = self.level
         if not leaking or ttoom is None:
-            self.level = 0
-        elif ttoom < critical_s or (self.level == 2 and ttoom < critical_s * resolve_factor):
-            self.level = 2
-        elif ttoom < warning_s or (self.level >= 1 and ttoom < warning_s * resolve_factor):
-            self.level = 1
+            raw = 0
+        elif ttoom < cfg.critical_seconds or (
+                level == 2 and ttoom < cfg.critical_seconds * cfg.resolve_factor):
+            raw = 2
+        elif ttoom < cfg.warning_seconds or (
+                level >= 1 and ttoom < cfg.warning_seconds * cfg.resolve_factor):
+            raw = 1
         else:
-            self.level = 0
-        return self.level
+            raw = 0
+        return self._hold.update(t, raw, cfg.hold_seconds)

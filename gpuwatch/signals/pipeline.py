@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from gpuwatch.engines.analyzer import EngineAnalyzer
+import msgspec
+
 from gpuwatch.events import Event
 from gpuwatch.model import ATTRIBUTION_FIELDS, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.engine import EngineAnalyzer
 from gpuwatch.signals.fragmentation import FragmentationAnalyzer
 from gpuwatch.signals.memory import MemoryAnalyzer
 
@@ -60,25 +62,29 @@ class Pipeline:
                 # One analyzer's bug costs its own conclusions for this tick, nothing else.
                 self.errors += 1
                 log.exception("analyzer %s failed at t=%s", type(analyzer).__name__, tick.t)
-        self._attribute(tick, events)
-        return events
+        return self._attribute(tick, events)
 
-    def _attribute(self, tick: Tick, events: list[Event]) -> None:
+    def _attribute(self, tick: Tick, events: list[Event]) -> list[Event]:
         """Name the pod/container/Slurm job of a process event, from the sample (so replay
-        names them as the live run did). Before publication: events stay immutable after."""
+        names them as the live run did). Before publication: events are immutable, so an
+        attributed event replaces the one the conditions hold."""
         live = {(g.uuid, p.pid): p for g in tick.gpus for p in g.processes}
+        out = []
         for ev in events:
             if ev.pid is None:
                 proc = self._sole_owner(tick, ev.gpu_uuid)
             else:
                 proc = live.get((ev.gpu_uuid, ev.pid)) or self._seen.get((ev.gpu_uuid, ev.pid))
-            if proc is None:
-                continue
-            for name in ATTRIBUTION_FIELDS:
-                if getattr(proc, name):
-                    setattr(ev, name, getattr(proc, name))
+            owner = {name: getattr(proc, name) for name in ATTRIBUTION_FIELDS
+                     if proc is not None and getattr(proc, name)}
+            if owner:
+                named = msgspec.structs.replace(ev, **owner)
+                self.conditions.amend(ev, named)
+                ev = named
+            out.append(ev)
         if tick.gpus:
             self._seen = live
+        return out
 
     @staticmethod
     def _sole_owner(tick: Tick, uuid: str | None) -> ProcessSample | None:

@@ -19,7 +19,8 @@ A100's red line while perfectly healthy, and that is not pressure. The rule:
   part: a full KV cache is the engine doing its job.
 
 Zones have hysteresis: a higher zone is entered after `enter_samples` consecutive samples
-in it, and left only once the value is `hysteresis_ratio` x total below where it starts.
+in it, and left only once the value is `hysteresis_ratio` x total below where it starts
+and has stayed there for `hold_seconds`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwatch.model import GpuSample
+from gpuwatch.signals.conditions import Hold
 
 POOL_KEYS = ("gpu_memory_utilization", "mem_fraction_static")
 ZONE_NAMES = ("safe", "warning", "critical")
@@ -76,24 +78,27 @@ def planned_bytes(
 
 
 class ZoneState:
-    """Zone with entry debounce and exit hysteresis."""
+    """Zone with entry debounce, exit hysteresis and a minimum hold."""
 
     def __init__(self) -> None:
-        self.level = 0
+        self._hold = Hold()
         self._pending = 0  # consecutive samples above the current zone
         self._pending_level = 0
 
+    @property
+    def level(self) -> int:
+        return self._hold.level
+
     def update(self, value: float, warning: float, critical: float, band: float,
-               enter_samples: int) -> int:
+               enter_samples: int, t: float = 0.0, hold_seconds: float = 0.0) -> int:
         raw = 2 if value > critical else 1 if value > warning else 0
         if raw > self.level:
             self._pending_level = raw if self._pending == 0 else min(self._pending_level, raw)
             self._pending += 1
             if self._pending >= enter_samples:
-                self.level = self._pending_level
+                self._hold.update(t, self._pending_level, hold_seconds)
                 self._pending = 0
             return self.level
         self._pending = 0
         keep = 2 if value > critical - band else 1 if value > warning - band else 0
-        self.level = min(self.level, keep)
-        return self.level
+        return self._hold.update(t, min(self.level, keep), hold_seconds)

@@ -2,23 +2,35 @@
 
 Each endpoint runs in its own task with its own aiohttp session, a deadline per scrape
 and a cap on the response size, so a slow, huge or broken endpoint delays nobody else.
+Decompressing, decoding and reading the body run on a small thread pool, never on the
+event loop, bounded in bytes (max_body_bytes, after decompression) and in series kept
+(max_series). A redirect is followed only to the same scheme, host and port, so configured
+headers and tokens never reach another host.
 Every scrape, failed ones included, becomes an EngineSample for the sink: the recording
-keeps errors too, so an engine going down replays exactly.
+keeps errors too, so an engine going down replays exactly. A body gpuwatch does not
+understand is not kept: the error says why, with a short excerpt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import aiohttp
+from yarl import URL
 
 from gpuwatch import __version__
 from gpuwatch.engines import discovery as disc
+from gpuwatch.engines.body import prepare
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
-from gpuwatch.engines.normalize import compact
+from gpuwatch.engines.normalize import Reading
 from gpuwatch.engines.urls import engines_from_urls, host_port, is_local, same_local_endpoint
 from gpuwatch.model import EngineSample
 from gpuwatch.redact import strip_userinfo as redact
@@ -28,7 +40,15 @@ log = logging.getLogger(__name__)
 # Ask for the classic text format; engines that only speak something else still answer
 # with text, and any content type is accepted (some send application/octet-stream).
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
-CHUNK = 64 * 1024
+MAX_REDIRECTS = 3
+# Bodies are read in worker processes: reading a big exposition is CPU-bound Python that,
+# in a thread, would hold the GIL in long stretches and stall the event loop (/metrics).
+# A flood of huge scrapes queues there and never starves the loop or the NVML sampling.
+READERS = 2
+# Readers yield the CPU to the daemon's loop (/metrics, ticks) and to NVML sampling.
+READER_NICENESS = 10
+_pool: ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 Sink = Callable[[EngineSample], None]
 
@@ -41,7 +61,8 @@ def engines_from_flags(urls, taken=()) -> list[EngineConfig]:
 
 
 def _headers(cfg: EngineConfig) -> dict[str, str]:
-    headers = {"Accept": ACCEPT, "User-Agent": f"gpuwatch/{__version__}"}
+    headers = {"Accept": ACCEPT, "Accept-Encoding": "gzip, deflate",
+               "User-Agent": f"gpuwatch/{__version__}"}
     headers.update(cfg.headers)
     if cfg.bearer_token:
         headers["Authorization"] = f"Bearer {cfg.bearer_token}"
@@ -59,12 +80,86 @@ def _describe(exc: BaseException) -> str:
     return text[:300]
 
 
+def session_for(cfg: EngineConfig) -> aiohttp.ClientSession:
+    """The endpoint's session: its headers, one connection, bodies left compressed (they
+    are decompressed with a bound off the loop), no session-wide timeout (scrape() has one)."""
+    return aiohttp.ClientSession(
+        headers=_headers(cfg), connector=aiohttp.TCPConnector(limit=1),
+        timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False,
+    )
+
+
+def _start_readers() -> ProcessPoolExecutor:
+    """Start the reader processes (blocking: call it off the loop)."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None:
+            return _pool
+        # spawn: the daemon has threads, and a fork would copy them and their locks
+        pool = ProcessPoolExecutor(READERS, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=os.nice, initargs=(READER_NICENESS,))
+        # Workers are spawned on demand by submit(): have them all started here, not in
+        # the loop's thread at its first scrapes.
+        for f in [pool.submit(time.sleep, 0.2) for _ in range(READERS)]:
+            f.result()
+        _pool = pool
+        return pool
+
+
+async def _readers() -> ProcessPoolExecutor:
+    return _pool if _pool is not None else await asyncio.to_thread(_start_readers)
+
+
+def _reader_died() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=False, cancel_futures=True)
+    _pool = None  # the next scrape starts new readers
+
+
+def origin(url: str | URL) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in."""
+    u = URL(str(url))
+    return (u.scheme.lower(), (u.host or "").lower(), u.port)
+
+
+async def _fetch(
+    session: aiohttp.ClientSession, cfg: EngineConfig
+) -> tuple[bytes | None, str, str]:
+    """(body, Content-Encoding, '') or (None, '', why). Redirects only to the same origin."""
+    url = URL(cfg.url)
+    home = origin(url)
+    for _ in range(MAX_REDIRECTS + 1):
+        async with session.get(url, allow_redirects=False) as resp:
+            if resp.status in (301, 302, 303, 307, 308):
+                location = resp.headers.get("Location", "")
+                try:
+                    target = url.join(URL(location))
+                except ValueError:
+                    return None, "", f"HTTP {resp.status} with an invalid Location"
+                if origin(target) != home:
+                    where = f"{target.scheme}://{target.host}:{target.port}"
+                    return None, "", (f"redirected to another host ({where[:120]}): not "
+                                      "followed, so the configured headers stay with their host")
+                url = target
+                continue
+            if resp.status != 200:
+                return None, "", f"HTTP {resp.status} {resp.reason or ''}".strip()
+            body, why = await _read_capped(resp, cfg.max_body_bytes)
+            if body is None:
+                return None, "", why
+            encoding = "" if session.auto_decompress else resp.headers.get(
+                "Content-Encoding", "")
+            return body, encoding, ""
+    return None, "", f"more than {MAX_REDIRECTS} redirects"
+
+
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> tuple[bytes | None, str]:
     if resp.content_length is not None and resp.content_length > cap:
         return None, f"response of {resp.content_length} bytes is over the {cap}-byte limit"
     chunks: list[bytes] = []
     size = 0
-    async for chunk in resp.content.iter_chunked(CHUNK):
+    async for chunk in resp.content.iter_any():  # what has arrived: fewest loop turns
         size += len(chunk)
         if size > cap:
             resp.close()  # drop the connection instead of draining the rest
@@ -81,30 +176,41 @@ async def scrape(
     t = clock()
     t0 = time.perf_counter()
     text: str | None = None
+    reading: Reading | None = None
     error: str | None = None
+    body: bytes | None = None
     try:
         async with asyncio.timeout(cfg.timeout_seconds):
-            async with session.get(cfg.url) as resp:
-                if resp.status != 200:
-                    error = f"HTTP {resp.status} {resp.reason or ''}".strip()
-                else:
-                    body, why = await _read_capped(resp, cfg.max_body_bytes)
-                    if body is None:
-                        error = why
-                    else:
-                        text = compact(body.decode("utf-8", errors="replace"), cfg.kind)
+            body, encoding, error = await _fetch(session, cfg)
     except TimeoutError:
         error = f"no complete response within {cfg.timeout_seconds:g}s"
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         error = _describe(exc)
-    return EngineSample(
+    # The duration is the engine's answer; reading it (queued behind other endpoints'
+    # bodies, maybe) is gpuwatch's own time and never makes an engine late.
+    duration = time.perf_counter() - t0
+    if body is not None and not error:
+        try:
+            text, reading, error = await asyncio.get_running_loop().run_in_executor(
+                await _readers(), prepare, body, encoding, cfg.kind, cfg.max_body_bytes,
+                cfg.max_series, cfg.max_series_groups)
+        except BrokenProcessPool:
+            _reader_died()
+            error = "the process reading engine responses died; it is restarted"
+        except Exception as exc:
+            error = f"could not read the response: {_describe(exc)}"
+        del body
+    sample = EngineSample(
         name=cfg.name, kind=cfg.kind, url=redact(cfg.url),
-        exposition=text if error is None else None, error=error,
-        t=round(t, 3), duration_seconds=round(time.perf_counter() - t0, 6),
+        exposition=text if not error else None, error=error or None,
+        t=round(t, 3), duration_seconds=round(duration, 6),
         pids=list(pids or []),
     )
+    if reading is not None and not error:
+        sample.reading = (reading, "")  # not recorded: replay reads the exposition again
+    return sample
 
 
 class EngineSource:
@@ -144,12 +250,7 @@ class EngineSource:
 
     async def _endpoint(self, cfg: EngineConfig, sink: Sink) -> None:
         loop = asyncio.get_running_loop()
-        # One connection at a time per endpoint; no session-wide timeout (scrape() has one).
-        connector = aiohttp.TCPConnector(limit=1)
-        async with aiohttp.ClientSession(
-            headers=_headers(cfg), connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None),
-        ) as session:
+        async with session_for(cfg) as session:
             next_at = loop.time()
             was_up: bool | None = None
             while True:
@@ -216,7 +317,10 @@ class EngineSource:
             wanted[name] = EngineConfig(
                 name=name, url=f.url, kind=f.kind,
                 interval_seconds=d.scrape_interval_seconds, timeout_seconds=d.timeout_seconds,
-                max_body_bytes=d.max_body_bytes, down_after_failures=d.down_after_failures,
+                max_body_bytes=d.max_body_bytes, max_series=d.max_series,
+                max_series_groups=d.max_series_groups,
+                forget_group_after_scrapes=d.forget_group_after_scrapes,
+                down_after_failures=d.down_after_failures,
             )
             pids[name] = f.pids
         self.pids = pids

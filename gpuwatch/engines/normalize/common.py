@@ -28,6 +28,14 @@ PREEMPTION = "preemptions"
 
 NOT_EXPOSED = "not in this scrape"
 
+# The largest count or sum gpuwatch accepts from an engine: 2**53, above which a float can
+# no longer count by one, so every later increase would be lost. A larger value is an
+# invalid sample: it is left out of that scrape (and of the counters' state), and the engine
+# recovers as soon as sane values come back.
+COUNTER_MAX = float(2**53)
+INVALID = "invalid value (NaN, negative or above 2^53)"
+MAX_NOTE_CHARS = 200
+
 
 @dataclass
 class Reading:
@@ -52,6 +60,7 @@ class Reading:
     # process_start_time_seconds where exposed: a change means the engine restarted.
     start_time: float | None = None
     ranks: int = 0
+    groups_left_out: int = 0  # series groups beyond the endpoint's cap, not read
     missing: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -64,7 +73,13 @@ def bucket_name(bound: float) -> str:
 
 
 def counter_value(v: float) -> float | None:
-    return v if math.isfinite(v) and v >= 0 else None
+    return v if 0 <= v <= COUNTER_MAX else None  # NaN compares false
+
+
+def note(r: Reading, text: str) -> None:
+    """A note for /api/state; bounded, as label values in it come from the engine."""
+    if len(r.notes) < 20:
+        r.notes.append(text if len(text) <= MAX_NOTE_CHARS else text[:MAX_NOTE_CHARS] + "...")
 
 
 count_value = counter_value
@@ -152,7 +167,7 @@ def gauge(
         good = [check(v) for v in series.values()]
         if not good or any(v is None for v in good):
             # one invalid series makes the total unknown, not smaller
-            return None, f"{name} has an invalid value (NaN, negative or out of range)"
+            return None, f"{name} has an {INVALID}"
         total = math.fsum(good)
         value = total / len(good) if how == "mean" else total
         return (value, "") if math.isfinite(value) else (None, f"{name} overflows")
@@ -178,15 +193,19 @@ def add_counter(
     if not series:
         return False
     found = False
+    invalid = 0
     for key, raw in first_rank(series, rank_labels).items():
         if keep is not None and not keep(key):
             continue
         v = counter_value(raw)
         if v is None:
+            invalid += 1
             continue
         group = reading.counters.setdefault(group_of(key, group_labels), {})
         group[target] = group.get(target, 0.0) + v * scale
         found = True
+    if invalid:
+        note(reading, f"{source}: {invalid} series with an {INVALID} left out of this scrape")
     return found
 
 
@@ -212,12 +231,12 @@ def add_histogram(
         try:
             le = float(le_text)
         except ValueError:
-            return f"{base}_bucket has a non-numeric le={le_text!r}"
+            return f"{base}_bucket has a non-numeric le={le_text[:40]!r}"
         if math.isnan(le):
             return f"{base}_bucket has le=NaN"
         v = counter_value(raw)
         if v is None:
-            return f"{base}_bucket has an invalid count"
+            return f"{base}_bucket has an {INVALID}"
         rest = tuple(kv for kv in key if kv[0] != "le")
         group = per_group.setdefault(group_of(rest, group_labels), {})
         group[le] = group.get(le, 0.0) + v
@@ -226,12 +245,12 @@ def add_histogram(
     for group, by_le in per_group.items():
         bounds = tuple(sorted(by_le))
         if not bounds or not math.isinf(bounds[-1]):
-            reading.notes.append(f"{base} ({group or 'all'}) has no +Inf bucket: left out")
+            note(reading, f"{base} ({group or 'all'}) has no +Inf bucket: left out")
             continue
         if layout is None:
             layout = bounds
         elif bounds != layout:
-            reading.notes.append(f"{base} ({group or 'all'}) has other buckets: left out")
+            note(reading, f"{base} ({group or 'all'}) has other buckets: left out")
             continue
         usable[group] = [by_le[b] for b in bounds]
     if layout is None:
@@ -247,7 +266,7 @@ def add_histogram(
             c[bucket_name(b)] = v
         c[QUEUE_COUNT] = counts[-1]
         s = sums.get(group)
-        if s is not None and math.isfinite(s) and s >= 0:
+        if s is not None and counter_value(s) is not None:
             c[QUEUE_SUM] = s
     return ""
 

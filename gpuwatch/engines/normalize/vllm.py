@@ -68,7 +68,8 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
         r.missing[c.KV_USAGE] = why or "no vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc"
 
     for key in expo.get("vllm:cache_config_info"):
-        r.cache_config = {k: v for k, v in key if k != "engine"}
+        # label values come from the engine: keep a bounded copy for /api/state
+        r.cache_config = {k[:64]: v[:128] for k, v in key[:32] if k != "engine"}
         break
 
     _prefix_cache(r, expo, text)

@@ -1,5 +1,7 @@
-"""Memory signals: leak rate, time to OOM, zone and thresholds per GPU and process, and the
-threshold table in use. A value the analyzers do not know has no series."""
+"""Memory signals: leak rate, time to OOM, the leak verdict, zone and thresholds per GPU and
+process, and the threshold table in use. A value the analyzers do not know has no series;
+a judged process or GPU has its leak rate, time to OOM and verdict on every scrape until it
+exits (a gap would restart every alert's `for:`)."""
 
 from __future__ import annotations
 
@@ -31,9 +33,16 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         return GaugeMetricFamily(name, doc, labels=labels)
 
     leak = gauge("gpuwatch_gpu_memory_leak_rate_bytes_per_second",
-                 "Robust trend of the memory the GPU keeps (steady phase only).")
+                 "Robust trend of the memory the GPU keeps: its processes' and its own.")
     ttoom = gauge("gpuwatch_gpu_time_to_oom_seconds",
-                  "Seconds until the memory budget is spent at the current leak rate.")
+                  "Seconds until the memory budget is spent at the current leak rate "
+                  "(+Inf when not growing).")
+    severity = gauge("gpuwatch_gpu_memory_leak_severity",
+                     "The daemon's leak verdict on memory no process accounts for (all of it "
+                     "without per-process figures): 0 none, 1 warning, 2 critical.")
+    tto_severity = gauge("gpuwatch_gpu_time_to_oom_severity",
+                         "The daemon's time-to-OOM verdict: 0 none, 1 under the warning "
+                         "horizon, 2 under the critical horizon.")
     zone = gauge("gpuwatch_gpu_memory_zone", "Memory zone: 0 safe, 1 warning, 2 critical.")
     threshold = gauge("gpuwatch_gpu_memory_threshold_bytes",
                       "Memory above which the zone starts, from the threshold row.",
@@ -46,11 +55,14 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
                                 "The threshold row a GPU matched.",
                                 labels=[*L, "row", "kind"])
     p_leak = gauge("gpuwatch_process_memory_leak_rate_bytes_per_second",
-                   "Robust trend of the memory the process keeps (steady phase only).",
-                   labels=PROCESS_LABELS)
+                   "Robust trend of the memory the process keeps (0 while loading unless "
+                   "judged).", labels=PROCESS_LABELS)
     p_ttoom = gauge("gpuwatch_process_time_to_oom_seconds",
-                    "Seconds until the GPU's memory budget is spent at this process's leak rate.",
-                    labels=PROCESS_LABELS)
+                    "Seconds until the GPU's memory budget is spent at this process's leak rate "
+                    "(+Inf when not growing).", labels=PROCESS_LABELS)
+    p_severity = gauge("gpuwatch_process_memory_leak_severity",
+                       "The daemon's leak verdict on the process: 0 none, 1 warning, "
+                       "2 critical.", labels=PROCESS_LABELS)
     for g in snap.tick.gpus:
         sig = derived.gpus.get(g.uuid)
         if sig is None:
@@ -60,6 +72,10 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
             leak.add_metric(lv, sig.leak_rate_bytes_per_second)
         if sig.time_to_oom_seconds is not None:
             ttoom.add_metric(lv, sig.time_to_oom_seconds)
+        if sig.leak_severity is not None:
+            severity.add_metric(lv, sig.leak_severity)
+        if sig.time_to_oom_severity is not None:
+            tto_severity.add_metric(lv, sig.time_to_oom_severity)
         if sig.zone is not None:
             zone.add_metric(lv, sig.zone)
         if sig.unplanned_memory_bytes is not None:
@@ -81,4 +97,7 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
                 p_leak.add_metric(plv, psig.leak_rate_bytes_per_second)
             if psig.time_to_oom_seconds is not None:
                 p_ttoom.add_metric(plv, psig.time_to_oom_seconds)
-    yield from (leak, ttoom, zone, threshold, budget, unplanned, row_info, p_leak, p_ttoom)
+            if psig.leak_severity is not None:
+                p_severity.add_metric(plv, psig.leak_severity)
+    yield from (leak, ttoom, severity, tto_severity, zone, threshold, budget, unplanned,
+                row_info, p_leak, p_ttoom, p_severity)

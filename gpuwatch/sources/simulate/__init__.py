@@ -11,9 +11,9 @@ import math
 from gpuwatch.model import EngineSample, GpuSample, ProbeSample, ProcessSample
 from gpuwatch.sources.simulate import scenarios
 from gpuwatch.sources.simulate.engine_text import vllm_exposition
-from gpuwatch.sources.simulate.trajectory import GIB, MB, ProcessSpec, generation, used_bytes
+from gpuwatch.sources.simulate.trajectory import GIB, MIB, ProcessSpec, generation, used_bytes
 
-CONTEXT_BYTES = 500 * MB  # CUDA context and non-PyTorch allocations per process
+CONTEXT_BYTES = 500 * MIB  # CUDA context and non-PyTorch allocations per process
 SCENARIOS = tuple(scenarios.SCENARIOS)
 SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -72,7 +72,7 @@ class SimulatedBackend:
                 )
                 for gi, spec, gen, age, used, _ in alive if gi == g
             ]
-            used = min(sum(p.used_memory_bytes or 0 for p in procs) + 64 * MB,
+            used = min(sum(p.used_memory_bytes or 0 for p in procs) + 64 * MIB,
                        total - gpu.reserved_bytes)
             util = 0.0 if not procs else 0.55 + 0.35 * math.sin(elapsed / 37.0 + g)
             out.append(GpuSample(
@@ -169,7 +169,7 @@ class SimulatedBackend:
                 inactive_split_bytes=int(total_free * (0.2 + 0.75 * f)),
                 num_alloc_retries=int(40 * f), num_ooms=0, free_blocks=free_blocks,
                 largest_free_block_bytes=int(largest),
-                smallest_free_block_bytes=int(min(largest, 2 * MB if f > 0.1 else 300 * MB)),
+                smallest_free_block_bytes=int(min(largest, 2 * MIB if f > 0.1 else 300 * MIB)),
                 total_free_bytes=int(total_free), segments=int(reserved // (2 * GIB)) + 3,
             ))
         return out

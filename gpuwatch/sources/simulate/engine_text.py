@@ -1,7 +1,18 @@
 """Prometheus text of a simulated vLLM server (V1 >= 0.9 names, as vLLM 0.33.0 writes them).
 
-Counters and histograms are pure functions of the time since the scenario started, so a
-replay of the recording sees exactly what the live run saw.
+Counters and histograms are pure functions of the time since the engine started, so a
+replay of the recording sees exactly what the live run saw. They are well formed as a real
+engine's are: every counter and bucket only grows (they are integrals of non-negative
+rates, floored), buckets are cumulative in `le`, and the +Inf bucket equals `_count`.
+
+The formulas, for elapsed time e (seconds):
+- requests that left the queue: floor(REQUESTS_PER_SECOND * e);
+- prefix-cache queries: floor(REQUESTS_PER_SECOND * PROMPT_TOKENS_PER_REQUEST * e); hits
+  are the integral of that rate times a hit ratio drifting between ~0.5 and ~0.75;
+- preemptions: floor(e / PREEMPT_EVERY_SECONDS);
+- queue times: lognormal (sigma QUEUE_SIGMA) whose median changes every SEGMENT_SECONDS
+  through QUEUE_MEDIANS (a cycle); bucket le counts the integral of REQUESTS_PER_SECOND
+  times the CDF at le, the sum the integral of the rate times the mean.
 """
 
 from __future__ import annotations
@@ -12,10 +23,64 @@ QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 1
                  480, 960, 1920, 7680)
 REQUESTS_PER_SECOND = 4.0
 PROMPT_TOKENS_PER_REQUEST = 500.0
+PREEMPT_EVERY_SECONDS = 90.0
+QUEUE_SIGMA = 0.9
+SEGMENT_SECONDS = 60.0
+QUEUE_MEDIANS = tuple(0.25 + 0.1 * math.sin(2 * math.pi * k / 6) for k in range(6))
+HIT_RATIO_MEAN, HIT_RATIO_SWING, HIT_RATIO_PERIOD = 0.62, 0.12, 300.0
 
 
 def _lognormal_cdf(x: float, median: float, sigma: float) -> float:
     return 0.5 * (1 + math.erf((math.log(x) - math.log(median)) / (sigma * math.sqrt(2))))
+
+
+def _segments_integral(e: float, f) -> float:
+    """Integral over [0, e] of f(median) with the median piecewise constant per segment."""
+    cycle = SEGMENT_SECONDS * len(QUEUE_MEDIANS)
+    full, rest = divmod(e, cycle)
+    total = full * SEGMENT_SECONDS * math.fsum(f(m) for m in QUEUE_MEDIANS)
+    k = 0
+    while rest > 0:
+        span = min(rest, SEGMENT_SECONDS)
+        total += span * f(QUEUE_MEDIANS[k])
+        rest -= span
+        k += 1
+    return total
+
+
+def queries_total(e: float) -> float:
+    return float(math.floor(REQUESTS_PER_SECOND * PROMPT_TOKENS_PER_REQUEST * max(e, 0.0)))
+
+
+def hits_total(e: float) -> float:
+    e = max(e, 0.0)
+    swing = HIT_RATIO_SWING * HIT_RATIO_PERIOD * (1 - math.cos(e / HIT_RATIO_PERIOD))
+    rate = REQUESTS_PER_SECOND * PROMPT_TOKENS_PER_REQUEST
+    return float(min(math.floor(rate * (HIT_RATIO_MEAN * e + swing)), queries_total(e)))
+
+
+def finished_total(e: float) -> float:
+    return float(math.floor(REQUESTS_PER_SECOND * max(e, 0.0)))
+
+
+def preemptions_total(e: float) -> float:
+    return float(math.floor(max(e, 0.0) / PREEMPT_EVERY_SECONDS))
+
+
+def queue_buckets(e: float) -> list[float]:
+    """Cumulative counts of QUEUE_BUCKETS at elapsed e (without +Inf)."""
+    e = max(e, 0.0)
+    finished = finished_total(e)
+    return [
+        min(float(math.floor(REQUESTS_PER_SECOND * _segments_integral(
+            e, lambda m, le=le: _lognormal_cdf(le, m, QUEUE_SIGMA)))), finished)
+        for le in QUEUE_BUCKETS
+    ]
+
+
+def queue_seconds_total(e: float) -> float:
+    mean = math.exp(QUEUE_SIGMA**2 / 2)
+    return round(REQUESTS_PER_SECOND * _segments_integral(max(e, 0.0), lambda m: m * mean), 3)
 
 
 def _fmt(v: float) -> str:
@@ -26,16 +91,9 @@ def vllm_exposition(elapsed: float, model: str, engine_index: str = "0",
                     gpu_memory_utilization: float = 0.9, num_gpu_blocks: int = 27000) -> str:
     e = max(elapsed, 0.0)
     labels = f'engine="{engine_index}",model_name="{model}"'
-    requests = REQUESTS_PER_SECOND * e
-    # Hit ratio drifts slowly between ~0.5 and ~0.75.
-    hit_ratio = 0.62 + 0.12 * math.sin(e / 300.0)
-    queries = math.floor(requests * PROMPT_TOKENS_PER_REQUEST)
-    hits = math.floor(queries * hit_ratio)
     running = 8 + round(3 * math.sin(e / 17.0))
     waiting = max(0, 2 + round(3 * math.sin(e / 41.0)))
     kv = 0.55 + 0.15 * math.sin(e / 23.0)
-    preemptions = math.floor(e / 90.0)
-    median_queue = 0.25 + 0.1 * math.sin(e / 60.0)
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
@@ -49,22 +107,20 @@ def vllm_exposition(elapsed: float, model: str, engine_index: str = "0",
         "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of "
         "queried tokens.",
         "# TYPE vllm:prefix_cache_queries_total counter",
-        f"vllm:prefix_cache_queries_total{{{labels}}} {_fmt(queries)}",
+        f"vllm:prefix_cache_queries_total{{{labels}}} {_fmt(queries_total(e))}",
         "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached "
         "tokens.",
         "# TYPE vllm:prefix_cache_hits_total counter",
-        f"vllm:prefix_cache_hits_total{{{labels}}} {_fmt(hits)}",
+        f"vllm:prefix_cache_hits_total{{{labels}}} {_fmt(hits_total(e))}",
         "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
         "# TYPE vllm:num_preemptions_total counter",
-        f"vllm:num_preemptions_total{{{labels}}} {_fmt(preemptions)}",
+        f"vllm:num_preemptions_total{{{labels}}} {_fmt(preemptions_total(e))}",
         "# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase "
         "for request.",
         "# TYPE vllm:request_queue_time_seconds histogram",
     ]
-    finished = math.floor(requests)
-    total_sum = 0.0
-    for le in QUEUE_BUCKETS:
-        count = math.floor(finished * _lognormal_cdf(le, median_queue, 0.9))
+    finished = finished_total(e)
+    for le, count in zip(QUEUE_BUCKETS, queue_buckets(e), strict=True):
         lines.append(
             f'vllm:request_queue_time_seconds_bucket{{engine="{engine_index}",le="{float(le)}",'
             f'model_name="{model}"}} {_fmt(count)}'
@@ -73,10 +129,9 @@ def vllm_exposition(elapsed: float, model: str, engine_index: str = "0",
         f'vllm:request_queue_time_seconds_bucket{{engine="{engine_index}",le="+Inf",'
         f'model_name="{model}"}} {_fmt(finished)}'
     )
-    total_sum = finished * median_queue * math.exp(0.9**2 / 2)
     lines += [
         f"vllm:request_queue_time_seconds_count{{{labels}}} {_fmt(finished)}",
-        f"vllm:request_queue_time_seconds_sum{{{labels}}} {_fmt(round(total_sum, 3))}",
+        f"vllm:request_queue_time_seconds_sum{{{labels}}} {_fmt(queue_seconds_total(e))}",
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
         "# TYPE vllm:cache_config_info gauge",
         f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching='

@@ -6,9 +6,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from gpuwatch.sources.simulate.kubernetes import Placement
-from gpuwatch.sources.simulate.trajectory import GIB, MB, ProcessSpec
-
-MIB = 1024 * 1024
+from gpuwatch.sources.simulate.trajectory import GIB, MIB, ProcessSpec
 
 # (NVML name, total memory as NVML reports it)
 A100_80 = ("NVIDIA A100-SXM4-80GB", 81920 * MIB)
@@ -52,7 +50,7 @@ def _vllm(slot: int, total: int, utilization: float = 0.9, **kw) -> ProcessSpec:
     return ProcessSpec(
         slot=slot, name="vllm", weights_bytes=total * utilization - 1.5 * GIB,
         steady_extra_bytes=1.0 * GIB, warmup_peak_bytes=0.5 * GIB,
-        sawtooth_bytes=0.0, noise_bytes=1 * MB, engine=kw.pop("engine", "vllm-sim-0"), **kw,
+        sawtooth_bytes=0.0, noise_bytes=1 * MIB, engine=kw.pop("engine", "vllm-sim-0"), **kw,
     )
 
 
@@ -61,24 +59,54 @@ def steady() -> Scenario:
         "steady", "two A100-80GB serving steadily (allocator sawtooth, transients); a new "
         "replica starts after 30 s: loading, warm-up peak, plateau",
         (
-            GpuSpec(A100_80, (_server(0, 30, transient_bytes=600 * MB),)),
+            GpuSpec(A100_80, (_server(0, 30, transient_bytes=600 * MIB),)),
             GpuSpec(A100_80, (_server(1, 24), _server(2, 8, name="embedder", start_seconds=30.0,
                                                        load_seconds=20.0, warmup_seconds=40.0))),
         ),
     )
 
 
+# The demo leak: clearly above the table's critical slope (50 MiB/s), so that the verdict
+# is never a matter of tolerance.
+DEMO_LEAK = 64 * MIB
+
+
+def _leaky_gpu(**leak) -> GpuSpec:
+    """One A100-80GB: a steady server, and a worker (serving for an hour) that leaks from
+    about 20 s after the daemon started."""
+    return GpuSpec(A100_80, (
+        _server(0, 12),
+        _server(1, 10, name="leaky-worker", leak_bytes_per_second=DEMO_LEAK,
+                start_seconds=ALREADY_RUNNING, leak_after_seconds=-ALREADY_RUNNING + 20, **leak),
+    ))
+
+
 def leak() -> Scenario:
     return Scenario(
-        "leak", "one A100-80GB; one process leaks 50 MB/s from about 20 s after start",
-        (
-            GpuSpec(A100_80, (
-                _server(0, 20),
-                # serving for an hour, then leaking from 20 s after the daemon started
-                _server(1, 10, name="leaky-worker", leak_bytes_per_second=50 * MB,
-                        start_seconds=ALREADY_RUNNING, leak_after_seconds=-ALREADY_RUNNING + 20),
-            )),
-        ),
+        "leak", "one A100-80GB; one process leaks 64 MiB/s from about 20 s after start, "
+        "until it runs out of memory (about 15 min) and restarts",
+        (_leaky_gpu(),),
+    )
+
+
+def leak_fixed() -> Scenario:
+    return Scenario(
+        "leak-fixed", "like leak, but the leak stops after 3 minutes (12 GiB kept): one "
+        "episode that fires, then resolves once",
+        (_leaky_gpu(leak_seconds=180.0),),
+    )
+
+
+def leak_early() -> Scenario:
+    return Scenario(
+        "leak-early", "one A100-80GB; a process starts 30 s in, loads in bursts, warms up, "
+        "and leaks 64 MiB/s from its 150th second (before it would count as steady)",
+        (GpuSpec(A100_80, (
+            _server(0, 12),
+            _server(1, 8, name="early-leaker", start_seconds=30.0, load_seconds=24.0,
+                    load_bursts=6, warmup_seconds=30.0, leak_bytes_per_second=DEMO_LEAK,
+                    leak_after_seconds=150.0),
+        )),),
     )
 
 
@@ -100,19 +128,20 @@ def mixed() -> Scenario:
         "4 GPUs of different models, several processes each, a vLLM engine, one slow leak",
         (
             GpuSpec(A100_80, (
-                _server(0, 40, probe="healthy", transient_bytes=800 * MB),
+                _server(0, 40, probe="healthy", transient_bytes=800 * MIB),
                 _server(1, 14, name="reranker"),
             )),
             GpuSpec(H100_80, (_vllm(2, H100_80[1]),)),
             GpuSpec(L40S, (
                 _server(3, 16, name="embedder"),
-                # 30 MB/min: a slow leak (above the table's 12 MB/min warning slope)
-                _server(4, 6, name="tokenizer-svc", leak_bytes_per_second=0.5 * MB,
+                # 30 MIB/min: a slow leak (above the table's 12 MIB/min warning slope)
+                _server(4, 6, name="tokenizer-svc", leak_bytes_per_second=0.5 * MIB,
                         start_seconds=ALREADY_RUNNING,
                         leak_after_seconds=-ALREADY_RUNNING + 30, probe="fragmenting"),
                 _server(5, 4, name="asr"),
             )),
-            GpuSpec(RTX4090, (_server(6, 12), _server(7, 3, name="tts"))),
+            # below the 4090's warning zone (17500 MiB): nothing here is under pressure
+            GpuSpec(RTX4090, (_server(6, 9), _server(7, 3, name="tts"))),
         ),
     )
 
@@ -128,7 +157,7 @@ def kubernetes() -> Scenario:
             GpuSpec(A100_80, (_server(0, 30, name="vllm"),)),
             GpuSpec(A100_80, (_server(1, 30, name="vllm"), _server(2, 8, name="embedder"))),
             GpuSpec(A100_80, (
-                _server(3, 10, name="tokenizer-svc", leak_bytes_per_second=50 * MB,
+                _server(3, 10, name="tokenizer-svc", leak_bytes_per_second=DEMO_LEAK,
                         start_seconds=ALREADY_RUNNING, leak_after_seconds=-ALREADY_RUNNING + 20),
             )),
         ),
@@ -147,14 +176,16 @@ def large() -> Scenario:
     for g in range(8):
         procs = tuple(
             _server(g * 64 + i, rng.uniform(0.5, 1.6), steady_extra_bytes=0.2 * GIB,
-                    warmup_peak_bytes=0.3 * GIB, sawtooth_bytes=32 * MB)
+                    warmup_peak_bytes=0.3 * GIB, sawtooth_bytes=32 * MIB)
             for i in range(64)
         )
         gpus.append(GpuSpec(H200, procs))
     return Scenario("large", "8 H200 x 64 processes each (benchmark host)", tuple(gpus))
 
 
-SCENARIOS = {f.__name__: f for f in (steady, leak, fragmentation, mixed, large, kubernetes)}
+SCENARIOS = {f.__name__.replace("_", "-"): f
+             for f in (steady, leak, leak_fixed, leak_early, fragmentation, mixed, large,
+                       kubernetes)}
 
 
 def get(name: str) -> Scenario:

@@ -12,7 +12,7 @@ import math
 import random
 from dataclasses import dataclass
 
-MB = 1_000_000
+MIB = 1 << 20  # every simulated size is in MiB, like the threshold table
 GIB = 1024**3
 
 
@@ -27,16 +27,20 @@ class ProcessSpec:
     warmup_seconds: float = 8.0
     # When the process started, in seconds from the scenario's start (negative: before).
     start_seconds: float = 0.0
-    sawtooth_bytes: float = 256 * MB
+    sawtooth_bytes: float = 256 * MIB
     sawtooth_period_seconds: float = 45.0
     transient_bytes: float = 0.0
     transient_every_seconds: float = 600.0
     transient_seconds: float = 120.0
     leak_bytes_per_second: float = 0.0
     leak_after_seconds: float = 20.0
+    # The leak stops after this long (a fix deployed, a cache that finally fills).
+    leak_seconds: float = math.inf
+    # Loading arrives in this many bursts (0: smoothly), as a model's shards do.
+    load_bursts: int = 0
     step_bytes: float = 0.0
     step_every_seconds: float = 600.0
-    noise_bytes: float = 8 * MB
+    noise_bytes: float = 8 * MIB
     # Limit above which this process "OOMs" and restarts (set by the scenario from the GPU).
     limit_bytes: float = math.inf
     restart_delay_seconds: float = 10.0
@@ -55,7 +59,7 @@ def _growth(spec: ProcessSpec, age: float) -> float:
     """Bytes kept by leaks after `age` seconds of life."""
     if age <= spec.leak_after_seconds:
         return 0.0
-    leaked = age - spec.leak_after_seconds
+    leaked = min(age - spec.leak_after_seconds, spec.leak_seconds)
     out = spec.leak_bytes_per_second * leaked
     if spec.step_bytes:
         out += spec.step_bytes * math.floor(leaked / spec.step_every_seconds)
@@ -69,6 +73,8 @@ def lifetime(spec: ProcessSpec) -> float:
     if not math.isfinite(room) or room <= 0:
         return math.inf
     if spec.leak_bytes_per_second > 0:
+        if spec.leak_bytes_per_second * spec.leak_seconds < room and not spec.step_bytes:
+            return math.inf  # the leak stops before the GPU is full
         return spec.leak_after_seconds + room / spec.leak_bytes_per_second
     if spec.step_bytes > 0:
         return spec.leak_after_seconds + spec.step_every_seconds * math.ceil(
@@ -97,7 +103,9 @@ def used_bytes(spec: ProcessSpec, age: float, seed: int, k: int) -> tuple[float,
     """(memory used, life-cycle phase) at `age` seconds into this generation."""
     if age < spec.load_seconds:
         frac = age / spec.load_seconds
-        return max(256 * MB, spec.weights_bytes * frac), "loading"
+        if spec.load_bursts:
+            frac = math.ceil(frac * spec.load_bursts) / spec.load_bursts
+        return max(256 * MIB, spec.weights_bytes * frac), "loading"
     base = spec.weights_bytes
     age_w = age - spec.load_seconds
     if age_w < spec.warmup_seconds:

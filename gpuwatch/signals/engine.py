@@ -9,21 +9,31 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpuwatch.engines.config import DiscoveryConfig, KvCacheSignalConfig, QueueSignalConfig
+from gpuwatch.engines.config import (
+    DiscoveryConfig,
+    EngineConfig,
+    KvCacheSignalConfig,
+    QueueSignalConfig,
+)
 from gpuwatch.engines.normalize import common as c
 from gpuwatch.engines.normalize import read
 from gpuwatch.engines.state import EngineState
-from gpuwatch.engines.windows import CounterBank, Window, histogram_quantile
 from gpuwatch.events import Event
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.windows import EngineCounters, Window, histogram_quantile
 
 SIGNALS = ("engine_down", "kv_cache_hit_ratio", "queue_latency")
 ALL_MISSING_KEYS = (
     c.REQUESTS_RUNNING, c.REQUESTS_WAITING, c.KV_USAGE, c.PREFIX_CACHE, c.KV_HIT_RATIO,
     c.QUEUE_LATENCY, c.QUEUE_MEAN, c.PREEMPTION,
 )
+
+
+# The longest queue time gpuwatch believes (one day): a quantile or mean above it comes from
+# absurd bucket bounds or sums, is left out and never judged.
+MAX_QUEUE_SECONDS = 86400.0
 
 
 def qlabel(q: float) -> str:
@@ -34,15 +44,18 @@ def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
+def _seconds(v: float | None) -> float | None:
+    return v if v is not None and 0 <= v <= MAX_QUEUE_SECONDS else None
+
+
 @dataclass
 class _Track:
     """Per-engine memory that is not part of the published state."""
 
-    bank: CounterBank
+    bank: EngineCounters
     kv: Window
     queue: Window
     last_sample_t: float = 0.0
-    start_time: float | None = None
     has_histogram: bool = False
 
 
@@ -81,11 +94,15 @@ class EngineAnalyzer:
 
     # -- ingest ---------------------------------------------------------------------------
 
+    def _limits(self, name: str) -> EngineConfig | DiscoveryConfig:
+        return self.configured.get(name) or self.discovery
+
     def _track(self, name: str) -> _Track:
         tr = self.tracks.get(name)
         if tr is None:
+            lim = self._limits(name)
             tr = self.tracks[name] = _Track(
-                bank=CounterBank(),
+                bank=EngineCounters(lim.max_series_groups, lim.forget_group_after_scrapes),
                 kv=Window(self.kv_cfg.window_seconds),
                 queue=Window(self.queue_cfg.window_seconds),
             )
@@ -106,8 +123,13 @@ class EngineAnalyzer:
         if sample.exposition is None:
             self._down(st, "no exposition in the sample")
             return
+        # The live source reads the exposition off the event loop and hands the result
+        # along; replay (and the simulator) read the same recorded text here.
+        pre = getattr(sample, "reading", None)
         try:
-            reading, why = read(sample.exposition, sample.kind or "auto")
+            lim = self._limits(sample.name)
+            reading, why = pre if pre is not None else read(
+                sample.exposition, sample.kind or "auto", lim.max_series, lim.max_series_groups)
         except Exception as exc:  # a sample must never take the daemon down
             reading, why = None, f"could not read the exposition: {type(exc).__name__}: {exc}"
         if reading is None:
@@ -133,6 +155,7 @@ class EngineAnalyzer:
         st.queue_latency_seconds = {}
         st.kv_cache_hit_ratio_source = ""
         st.missing = {k: "engine down" for k in ALL_MISSING_KEYS}
+        st.replicas = 0
 
     def _up(self, st: EngineState, tr: _Track, r: c.Reading, t: float) -> None:
         st.up = True
@@ -150,13 +173,20 @@ class EngineAnalyzer:
         st.missing = dict(r.missing)
         st.notes = list(r.notes[:20])
 
-        restarted = (
-            r.start_time is not None and tr.start_time is not None and r.start_time != tr.start_time
+        restarts = tr.bank.update(r.start_time, r.counters)
+        st.restarts_detected = max(st.restarts_detected + restarts, 0)
+        st.series_groups = tr.bank.groups()
+        refused = tr.bank.refused + r.groups_left_out
+        st.limit = (
+            f"{refused} series group(s) of this scrape refused: the engine is at its cap of "
+            f"{tr.bank.max_groups} (max_series_groups)" if refused else ""
         )
-        if r.start_time is not None:
-            tr.start_time = r.start_time
-        if tr.bank.update(r.counters, restarted):
-            st.restarts_detected += 1
+        st.replicas = tr.bank.replicas()
+        if st.replicas > 1:
+            st.reason = (
+                f"{st.replicas} processes answer at this URL (process_start_time_seconds "
+                "alternates): counters are summed per process, gauges are the last answer's"
+            )
         totals = tr.bank.totals()
         tr.kv.push(t, {k: totals[k] for k in (c.PREFIX_HITS, c.PREFIX_QUERIES) if k in totals})
         tr.queue.push(t, {
@@ -228,9 +258,14 @@ class EngineAnalyzer:
                     st.missing[c.QUEUE_LATENCY] = f"no request left the queue in the last {w:g}s"
                 else:
                     for q in self.quantiles:
-                        v = _finite(histogram_quantile(q, r.queue_bounds, deltas))
-                        if v is not None:
+                        v = histogram_quantile(q, r.queue_bounds, deltas)
+                        if _seconds(v) is not None:
                             st.queue_latency_seconds[qlabel(q)] = v
+                        elif v is not None:
+                            st.missing[c.QUEUE_LATENCY] = (
+                                f"p{q * 100:g} of {v:.3g}s is beyond {MAX_QUEUE_SECONDS:g}s: "
+                                "the bucket bounds are not sane"
+                            )
         if r.has_counter(c.QUEUE_SUM) and r.has_counter(c.QUEUE_COUNT):
             base = tr.queue.base([c.QUEUE_SUM, c.QUEUE_COUNT])
             if base is not None:
@@ -240,7 +275,7 @@ class EngineAnalyzer:
                 if st.queue_requests_in_window is None:
                     st.queue_requests_in_window = n
                 if n > 0:
-                    st.queue_latency_mean_seconds = _finite(s / n)
+                    st.queue_latency_mean_seconds = _seconds(s / n)
                 else:
                     st.missing.setdefault(
                         c.QUEUE_MEAN, f"no request left the queue in the last {w:g}s")

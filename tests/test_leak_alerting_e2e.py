@@ -1,0 +1,172 @@
+"""Leak alerting end to end with the shipped files: real daemons, a real Prometheus running
+the committed exporters/prometheus.yml and alerts/ rules, a real Alertmanager running the
+committed exporters/alertmanager.yml. Only addresses are rewritten (targets, Alertmanager,
+receivers to a local webhook); intervals, rules, routes and inhibitions stay as shipped.
+
+Three simulated hosts run at once for ~13 minutes:
+- `leak` (64 MiB/s): GpuwatchProcessMemoryLeak fires within 4 min and stays firing for 8
+  more, with no resolve at Alertmanager, and the daemon logs one firing event for it;
+- `leak-fixed` (the leak stops after 3 min): the alert fires, then resolves exactly once;
+- `mixed`: no leak, zone or engine alert fires.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO, Proc, free_port, http_get, require_binary, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1200)]
+
+LEAK_ALERT = "GpuwatchProcessMemoryLeak"
+QUIET_ON_MIXED = ("GpuwatchProcessMemoryLeak", "GpuwatchGpuMemoryLeak", "GpuwatchGpuMemoryZone",
+                  "GpuwatchGpuTimeToOom", "GpuwatchEngineDown", "GpuwatchKvCacheHitRatioLow",
+                  "GpuwatchQueueLatencyHigh", "GpuwatchEnginePreemptions")
+FIRE_WITHIN = 240.0
+STAY_FIRING = 480.0
+
+
+class Webhook:
+    """A receiver for Alertmanager's notifications (what a pager would get)."""
+
+    def __init__(self) -> None:
+        self.notifications: list[dict] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                hook.notifications.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def resolved(self, alertname: str, instance: str) -> list[dict]:
+        return [a for n in self.notifications for a in n["alerts"]
+                if a["status"] == "resolved" and a["labels"]["alertname"] == alertname
+                and a["labels"].get("instance") == instance]
+
+
+def _alertmanager_config(webhook: Webhook) -> str:
+    """The shipped routing, inhibitions and timers; receivers pointed at the webhook."""
+    doc = yaml.safe_load((REPO / "exporters" / "alertmanager.yml").read_text())
+    for receiver in doc["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = webhook.url
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _prometheus(workdir, targets: list[str], am_address: str) -> tuple[Proc, str]:
+    """The shipped prometheus.yml with its rule files as committed, targets on loopback."""
+    d = workdir / "prometheus"
+    d.mkdir()
+    doc = yaml.safe_load((REPO / "exporters" / "prometheus.yml").read_text())
+    # the committed rule files, wherever the committed config says they are
+    doc["rule_files"] = [str((REPO / "exporters" / f).resolve()) for f in doc["rule_files"]]
+    assert all(Path(f).is_file() for f in doc["rule_files"]), doc["rule_files"]
+    doc["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [am_address]}]
+    job = next(j for j in doc["scrape_configs"] if j["job_name"] == "gpuwatch")
+    job["static_configs"] = [{"targets": targets}]
+    (d / "prometheus.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    port = free_port()
+    argv = [require_binary("prometheus"), f"--config.file={d / 'prometheus.yml'}",
+            f"--storage.tsdb.path={d / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn"]
+    url = f"http://127.0.0.1:{port}"
+    proc = Proc(argv, d, "prometheus")
+    wait_until(lambda: http_get(url + "/-/ready", 1.0)[0] == 200, 30, what="prometheus ready")
+    return proc, url
+
+
+def _prom_alerts(url: str) -> list[dict]:
+    return json.loads(http_get(url + "/api/v1/alerts", 10.0)[1])["data"]["alerts"]
+
+
+def _firing(alerts: list[dict], instance: str, name: str) -> list[dict]:
+    return [a for a in alerts if a["state"] == "firing" and a["labels"]["alertname"] == name
+            and a["labels"]["instance"] == instance]
+
+
+def _events(path) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [e for e in lines if "signal" in e]  # not the actions
+
+
+def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tmp_path):
+    webhook = Webhook()
+    am = alertmanager(_alertmanager_config(webhook))
+    logs = {name: tmp_path / f"events-{name}.jsonl" for name in ("leak", "leak-fixed", "mixed")}
+    d = {name: daemon("--simulate", name, "--dry-run", "--events-log", str(log))
+         for name, log in logs.items()}
+    started = time.monotonic()
+    prom, prom_url = _prometheus(tmp_path, [x.address for x in d.values()],
+                                 am.url.removeprefix("http://"))
+    leak, fixed, mixed = (d[n].address for n in ("leak", "leak-fixed", "mixed"))
+    try:
+        fired_at = None
+        fixed_seen: list[bool] = []  # the leak-fixed alert active at Alertmanager, per poll
+        mixed_fired: list[dict] = []
+        gaps: list[float] = []
+        while True:
+            now = time.monotonic() - started
+            alerts = _prom_alerts(prom_url)
+            am_alerts = am.alerts()
+            mine = _firing(alerts, leak, LEAK_ALERT)
+            if fired_at is None and mine:
+                fired_at = now
+                assert {a["labels"]["process"] for a in mine} == {"leaky-worker"}
+            elif fired_at is not None and not mine:
+                gaps.append(now)
+            fixed_seen.append(any(a["labels"]["alertname"] == LEAK_ALERT
+                                  and a["labels"].get("instance") == fixed for a in am_alerts))
+            mixed_fired += [a for name in QUIET_ON_MIXED for a in _firing(alerts, mixed, name)]
+            if fired_at is None:
+                assert now < FIRE_WITHIN, "GpuwatchProcessMemoryLeak did not fire within 4 min"
+            elif now >= fired_at + STAY_FIRING and not fixed_seen[-1] and any(fixed_seen):
+                break
+            assert now < 15 * 60, "leak-fixed did not resolve"
+            time.sleep(5)
+
+        # leak: firing without a gap for 8 minutes, no resolve sent by Alertmanager,
+        # one firing event (and no resolve) in the daemon's log
+        assert gaps == []
+        assert webhook.resolved(LEAK_ALERT, leak) == []
+        assert any(a["labels"]["alertname"] == LEAK_ALERT and a["labels"]["instance"] == leak
+                   for n in webhook.notifications for a in n["alerts"])
+        leak_events = [e for e in _events(logs["leak"]) if e["signal"] == "memory_leak"]
+        assert [(e["state"], e["severity"], e["pid"]) for e in leak_events] == [
+            ("firing", "critical", 41000)]
+
+        # leak-fixed: one episode that fires and resolves once, in the log and at Alertmanager
+        transitions = sum(1 for a, b in itertools.pairwise(fixed_seen) if a and not b)
+        assert transitions == 1
+        assert len({a["labels"]["severity"]
+                    for a in webhook.resolved(LEAK_ALERT, fixed)}) == len(
+            webhook.resolved(LEAK_ALERT, fixed))  # at most one resolve per alert
+        fixed_events = [e for e in _events(logs["leak-fixed"]) if e["signal"] == "memory_leak"]
+        assert [e["state"] for e in fixed_events] == ["firing", "resolved"]
+        assert fixed_events[1]["ref"] == fixed_events[0]["id"]
+
+        # mixed: nothing fired
+        assert mixed_fired == []
+        assert [e for e in _events(logs["mixed"])
+                if e["signal"] in ("memory_leak", "memory_zone", "time_to_oom")] == []
+    finally:
+        prom.stop()
+        webhook.server.shutdown()
