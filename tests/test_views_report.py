@@ -92,7 +92,7 @@ def test_leak_report_reads_as_the_replay(leak_recording, browser, tmp_path):
     assert "pid 41000 (leaky-worker)" in leak[3] and "A100" in leak[3]
     rate = float(re.fullmatch(r"([\d.]+) MiB/s", leak[4]).group(1))
     assert rate == pytest.approx(ev["value"] / (1 << 20), abs=0.05)
-    assert leak[5] == "50.0 MiB/s"
+    assert leak[5] == f"{ev['threshold'] / (1 << 20):.1f} MiB/s"
     ttoom = int(re.fullmatch(r"(\d+) min", leak[6]).group(1))
     assert 5 <= ttoom <= 30
     assert leak[1] == "critical" and "snapshot: dry_run" in leak[8]
