@@ -1,6 +1,7 @@
-"""`gpuwatch replay` over a 24 h recording at 5 s (goal: < 20 s).
+"""`gpuwatch replay` over a 24 h recording at 5 s (goal: < 20 s); with --report, also
+`gpuwatch report` of it (goal: seconds).
 
-    python -m benchmarks.replay_speed [--hours 24] [--interval 5] [--engine-every 1]
+    python -m benchmarks.replay_speed [--hours 24] [--interval 5] [--engine-every 1] [--report]
 
 The recording is built from the simulated `mixed` host (4 GPUs, 8 processes, probes) with
 vLLM 0.33.0's own 57 KB exposition (the two fixture scrapes, counters advanced every tick)
@@ -62,7 +63,9 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=24)
     ap.add_argument("--interval", type=float, default=5)
     ap.add_argument("--engine-every", type=int, default=1)
+    ap.add_argument("--report", action="store_true", help="time `gpuwatch report` as well")
     args = ap.parse_args()
+    extra: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "day.jsonl.gz")
         ticks = build(path, args.hours, args.interval, args.engine_every)
@@ -71,12 +74,19 @@ def main() -> None:
         t0 = time.perf_counter()
         events = sum(1 for _ in iter_events(path, cfg))
         elapsed = time.perf_counter() - t0
+        if args.report:
+            from gpuwatch.views.report import build as build_report
+
+            t1 = time.perf_counter()
+            extra["report_bytes"] = len(build_report(path, cfg))
+            extra["report_seconds"] = round(time.perf_counter() - t1, 2)
     json.dump({
         "machine": f"{platform.machine()} python {platform.python_version()}",
         "ticks": ticks, "engine_every": args.engine_every,
         "recording_bytes_gz": size, "events": events,
         "replay_seconds": round(elapsed, 2),
         "per_tick_ms": round(elapsed / ticks * 1e3, 3),
+        **extra,
     }, sys.stdout, indent=2)
     print()
 

@@ -15,6 +15,8 @@ from gpuwatch.attribution.cli import attribution as attribution_command
 from gpuwatch.monitoring.cli import alerts as alerts_command
 from gpuwatch.monitoring.cli import dashboards as dashboards_command
 from gpuwatch.thresholds.cli import thresholds as thresholds_command
+from gpuwatch.views.cli import report as report_command
+from gpuwatch.views.cli import status as status_command
 
 SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "fragmentation", "mixed", "large",
                   "kubernetes")
@@ -107,6 +109,8 @@ main.add_command(dashboards_command)
 main.add_command(alerts_command)
 main.add_command(thresholds_command)
 main.add_command(attribution_command)
+main.add_command(report_command)
+main.add_command(status_command)
 
 
 @main.command()

@@ -218,3 +218,48 @@ class Alertmanager(Proc):
 
     def alerts(self) -> list:
         return json.loads(http_get(self.url + "/api/v2/alerts")[1])
+
+
+# The leak life cycle in seconds instead of minutes, so a simulated leak is judged within a
+# test (a fast NVML tier, short settle times, a 10 s critical window).
+FAST_LEAK_TOML = """
+[nvml]
+fast_interval_seconds = 1.0
+
+[signals.leak]
+confirm_seconds = 5
+critical_window_seconds = 10
+
+[signals.leak.lifecycle]
+loading_settle_seconds = 3
+warmup_settle_seconds = 5
+warmup_max_seconds = 15
+"""
+
+
+class StaticServer:
+    """A loopback HTTP server answering every GET with the same body (an engine's /metrics,
+    or something that is not what the client expects)."""
+
+    def __init__(self, body: bytes, content_type: str = "text/plain") -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

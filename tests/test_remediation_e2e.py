@@ -21,7 +21,7 @@ import yaml
 
 from gpuwatch.monitoring import rules
 from gpuwatch.remediation.audit import read_records
-from tests.helpers import REPO, wait_until
+from tests.helpers import FAST_LEAK_TOML, REPO, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -70,20 +70,7 @@ def daemon_config(work: Path, child_pid: int, marker: str) -> str:
     return f"""
 simulate_pids = {{ "leaky-worker" = {child_pid} }}
 events_log = "{work / 'events.jsonl'}"
-
-[nvml]
-fast_interval_seconds = 1.0
-
-# The life cycle in seconds instead of minutes, so the leak is judged within the test.
-[signals.leak]
-confirm_seconds = 5
-critical_window_seconds = 10
-
-[signals.leak.lifecycle]
-loading_settle_seconds = 3
-warmup_settle_seconds = 5
-warmup_max_seconds = 15
-
+{FAST_LEAK_TOML}
 [remediation]
 cooldown_seconds = 0
 

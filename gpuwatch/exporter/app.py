@@ -1,27 +1,18 @@
-"""The aiohttp application: /metrics, /healthz, /readyz, /api/state and a landing page."""
+"""The aiohttp application: /metrics, /healthz, /readyz, /api/state and the status page."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Iterable
 
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gpuwatch import __version__
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.state_json import state_document
+from gpuwatch.views.page import status_page
 from gpuwatch.webconfig import Guard
-
-LANDING = """<!doctype html><html><head><title>gpuwatch</title></head><body>
-<h1>gpuwatch {version}</h1><p>{status}</p><ul>
-<li><a href="metrics">/metrics</a> — Prometheus exposition</li>
-<li><a href="api/state">/api/state</a> — latest sample, signals, events (JSON)</li>
-<li><a href="healthz">/healthz</a> — liveness</li>
-<li><a href="readyz">/readyz</a> — readiness (after the first complete sample)</li>
-</ul></body></html>"""
 
 _json = msgspec.json.Encoder()
 
@@ -67,14 +58,6 @@ def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = N
         body = _json.encode(state_document(snap))
         return web.Response(body=body, content_type="application/json")
 
-    async def landing(request: web.Request) -> web.Response:
-        snap = get_snapshot()
-        nvml = snap.sources.get("nvml")
-        status = "NVML: " + ("up" if nvml and nvml.up else
-                             f"down ({nvml.reason if nvml else 'not started'})")
-        page = LANDING.format(version=__version__, status=html.escape(status))
-        return web.Response(text=page, content_type="text/html")
-
     app = web.Application(client_max_size=1024 * 1024,
                           middlewares=[guard.middleware] if guard is not None else [])
     app.add_routes([
@@ -82,7 +65,7 @@ def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = N
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         web.get("/api/state", api_state),
-        web.get("/", landing),
+        web.get("/", status_page),
         *extra_routes,
     ])
     return app

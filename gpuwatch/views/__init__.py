@@ -1,0 +1,1 @@
+"""What a person looks at: the status page at `/`, `gpuwatch report` and `gpuwatch status`."""

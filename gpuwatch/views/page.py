@@ -1,0 +1,20 @@
+"""The status page at `/`: one static HTML file (inline CSS and JS, no external assets) that
+renders /api/state in the browser, so serving it costs the daemon only a copy of bytes."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+from aiohttp import web
+
+
+@cache
+def page_bytes() -> bytes:
+    return resources.files("gpuwatch.views").joinpath("status.html").read_bytes()
+
+
+async def status_page(request: web.Request) -> web.Response:
+    # no-cache: a daemon upgrade serves the new page on the next load
+    return web.Response(body=page_bytes(), content_type="text/html", charset="utf-8",
+                        headers={"Cache-Control": "no-cache"})
