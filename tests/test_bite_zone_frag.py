@@ -148,7 +148,8 @@ def test_fragmentation_event_says_what_and_why():
     assert (ev.state, ev.severity, ev.pid, ev.gpu_uuid) == ("firing", "critical", 7, "GPU-f")
     assert ev.value == 0.5 and ev.threshold == 0.35
     assert ev.message == (
-        "pid 7: allocator fragmented (inactive_split/reserved): inactive_split/reserved 50%, "
+        "pid 7: allocator fragmented (inactive_split/reserved 50% against its limit 35%): "
+        "inactive_split/reserved 50%, "
         "largest free block 100% of 300 MiB free, 0.00 free blocks/MiB; little free memory "
         "left in small blocks: a cache flush is due")
 
