@@ -137,7 +137,7 @@ def test_vllm_loads_gpuwatch_plugin_and_the_probe_says_there_is_no_cuda(workdir,
     # gpuwatch installed as a distribution, so vLLM finds its entry point like any plugin.
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--target", str(site), str(REPO)], check=True,
+                    "--target", str(site), str(REPO)], check=True,
                    capture_output=True, timeout=300)
     s = servers.Vllm(workdir, None, env={"PYTHONPATH": str(site),
                                          "GPUWATCH_PROBE_ENABLED": "1",
