@@ -32,7 +32,7 @@ def open_backend(monkeypatch, gpus):
 
 def test_mig_disabled_is_read_on_the_slow_tier_only(monkeypatch):
     gpu = FakeGpu(0)
-    gpu.mig_slots = []  # MIG-capable, off (the lent H200's state)
+    gpu.mig_slots = []  # MIG-capable, off (as an H200 ships)
     fake, backend = open_backend(monkeypatch, [gpu])
     for t in range(5):
         backend.sample(t)

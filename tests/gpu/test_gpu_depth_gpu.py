@@ -76,7 +76,7 @@ def test_unsupported_fields_report_cleanly_and_cost_nothing_after(backend):
         # Either a real value or absent; never an error or a made-up zero.
         assert key not in fields or fields[key] is not None
     if "recovery_action" in fields:
-        assert fields["recovery_action"] == 0  # a healthy lent GPU asks for nothing
+        assert fields["recovery_action"] == 0  # a healthy GPU asks for nothing
     _evidence("gpu-depth-support.json", {"unsupported": sorted(dev.unsupported),
                                          "mig_mode": mig, "fields": fields,
                                          "cost_us_per_read": costs})
