@@ -365,20 +365,22 @@ def test_publishes_the_allocator_state_of_its_process(hosts, tmp_path):
     assert not [p for p in d.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
-def test_says_so_when_torch_is_built_without_cuda(hosts, tmp_path):
-    host = hosts(FAKE_TORCH_CPU_BUILD="1")
+def first_status(hosts, tmp_path, **env: str):
+    """(host, status of its first record), checking that no samples reach the daemon."""
+    host = hosts(**env)
     rec = tmp_path / "probe" / str(os.geteuid()) / f"{host.pid}.json"
     wait_until(rec.exists, timeout=20, what="the first record")
-    assert json.loads(rec.read_text())["status"] == "no_cuda"
     assert read_probes(str(tmp_path / "probe"), time.time()) == []
+    return host, json.loads(rec.read_text())["status"]
+
+
+def test_says_so_when_torch_is_built_without_cuda(hosts, tmp_path):
+    assert first_status(hosts, tmp_path, FAKE_TORCH_CPU_BUILD="1")[1] == "no_cuda"
 
 
 def test_waits_for_the_host_to_initialise_cuda(hosts, tmp_path):
-    host = hosts(FAKE_CUDA_INIT="0")
-    rec = tmp_path / "probe" / str(os.geteuid()) / f"{host.pid}.json"
-    wait_until(rec.exists, timeout=20, what="the first record")
-    assert json.loads(rec.read_text())["status"] == "cuda_not_initialized"
-    assert read_probes(str(tmp_path / "probe"), time.time()) == []
+    host, status = first_status(hosts, tmp_path, FAKE_CUDA_INIT="0")
+    assert status == "cuda_not_initialized"
     host.send("init")
     st = host.send("fragment")
     latest(tmp_path / "probe", host.pid, reserved_bytes=st["stats"]["reserved_bytes.all.current"])
