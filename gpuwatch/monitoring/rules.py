@@ -158,15 +158,16 @@ def recording_rules(p: RuleParams) -> list[Recording]:
         Recording("instance_engine:gpuwatch_engine_prefix_cache_hits:rate5m",
                   f"sum by ({engine}) "
                   f"(rate(gpuwatch_engine_prefix_cache_hits_total{{{j}}}[5m]))"),
+        # "> 0": an idle engine has no ratio rather than NaN, which graphs and compares badly
         Recording("instance_engine:gpuwatch_engine_prefix_cache_hit:ratio_rate5m",
                   f"instance_engine:gpuwatch_engine_prefix_cache_hits:rate5m{{{j}}}\n"
-                  f"/\ninstance_engine:gpuwatch_engine_prefix_cache_queries:rate5m{{{j}}}"),
+                  f"/\n(instance_engine:gpuwatch_engine_prefix_cache_queries:rate5m{{{j}}} > 0)"),
         # per model across every engine serving it: summed counters, not averaged ratios
         Recording("model:gpuwatch_engine_prefix_cache_hit:ratio_rate5m",
                   f"sum by (job, model) "
                   f"(instance_engine:gpuwatch_engine_prefix_cache_hits:rate5m{{{j}}})\n/\n"
-                  f"sum by (job, model) "
-                  f"(instance_engine:gpuwatch_engine_prefix_cache_queries:rate5m{{{j}}})"),
+                  f"(sum by (job, model) "
+                  f"(instance_engine:gpuwatch_engine_prefix_cache_queries:rate5m{{{j}}}) > 0)"),
         Recording("instance_engine:gpuwatch_engine_preemptions:rate5m",
                   f"sum by ({engine}) (rate(gpuwatch_engine_preemptions_total{{{j}}}[5m]))"),
         Recording("model:gpuwatch_engine_requests_waiting:sum",
@@ -181,7 +182,7 @@ def recording_rules(p: RuleParams) -> list[Recording]:
                   f'(rate(gpuwatch_engine_requests_finished_total{{{j},reason="error"}}[5m]))'),
         Recording("instance_engine:gpuwatch_engine_request_error:ratio_rate5m",
                   f"instance_engine:gpuwatch_engine_requests_failed:rate5m{{{j}}}\n/\n"
-                  f"instance_engine:gpuwatch_engine_requests_finished:rate5m{{{j}}}"),
+                  f"(instance_engine:gpuwatch_engine_requests_finished:rate5m{{{j}}} > 0)"),
         Recording("action_result:gpuwatch_remediation_actions:rate5m",
                   f"sum by (job, action, result) "
                   f"(rate(gpuwatch_remediation_actions_total{{{j}}}[5m]))"),
