@@ -355,11 +355,16 @@ def score(sc: Scenario, alarms: Alarms) -> dict:
             "episodes": episodes}
 
 
-def evaluate(seeds: int, hours: float, interval: float) -> dict:
+def evaluate(seeds: int, hours: float, interval: float, only: list[str] | None = None,
+             detectors: list[str] | None = None) -> dict:
     results: dict[str, dict[str, list]] = {}
     for seed in range(seeds):
         for sc in scenarios(seed, hours):
+            if only and sc.name not in only:
+                continue
             for name, fn in DETECTORS.items():
+                if detectors and name not in detectors:
+                    continue
                 r = score(sc, fn(sc, seed, hours, interval))
                 results.setdefault(sc.name, {}).setdefault(name, []).append(r)
     return results
@@ -441,6 +446,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hours", type=float, default=4.0)
     ap.add_argument("--interval", type=float, default=3.0, help="sampling interval (s)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--scenario", action="append", metavar="NAME",
+                    help="run only this scenario (repeatable)")
+    ap.add_argument("--detector", action="append", metavar="NAME", choices=list(DETECTORS),
+                    help="run only this detector (repeatable)")
     ap.add_argument("--replay-speed", action="store_true")
     args = ap.parse_args(argv)
     print(f"# {platform.python_implementation()} {platform.python_version()}, "
@@ -449,7 +458,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(replay_speed(), indent=2))
         return
     start = time.perf_counter()
-    rows = summary(evaluate(args.seeds, args.hours, args.interval))
+    rows = summary(evaluate(args.seeds, args.hours, args.interval, args.scenario,
+                            args.detector))
     print_table(rows)
     print(f"\n{args.seeds} seeds x {args.hours:g} h at {args.interval:g} s, "
           f"{time.perf_counter() - start:.0f} s")

@@ -71,6 +71,11 @@ class LeakConfig(Section, kw_only=True):
     sustained_ratio: Ratio = 0.4
     # ... and the second half rose at least this share of the first (warm-up levels off).
     levelling_ratio: Ratio = 0.4
+    # The GPU's series when the driver gives no per-process figures and it sums several
+    # processes: its floor wanders with the beat of their sawtooths (by up to their
+    # amplitude, over tens of minutes) and their transients chain, so its floor and trend
+    # windows are this many times longer.
+    sum_window_factor: Annotated[float, msgspec.Meta(ge=1)] = 2.0
     # Fast path for the critical slope: the raw samples of this window, in quarters.
     critical_window_seconds: PositiveFloat = 40.0
     # Before steady (loading, warm-up), growth is judged critical when the minima of each

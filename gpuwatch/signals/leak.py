@@ -261,7 +261,8 @@ class FastWindow:
         return part, lo, hi
 
     def slope(self, threshold: float, parts: int = 4, step_ratio: float = 0.5,
-              lows_only: bool = False, min_span: float = 0.66) -> float | None:
+              lows_only: bool = False, min_span: float = 0.66,
+              max_step_share: float = 0.5) -> float | None:
         """Rise rate of the parts' minima (or maxima) from the first part to the last,
         when it reaches `threshold` and every part rose by step_ratio of that pace."""
         env = self._envelopes(parts, min_span, threshold)
@@ -272,9 +273,13 @@ class FastWindow:
         span_s = (parts - 1) * part
         best = None
         for m in (lo,) if lows_only else (lo, hi):
-            rate = (m[-1] - m[0]) / span_s
-            if rate >= threshold and all(b - a >= step for a, b in pairwise(m)):
-                best = rate if best is None else max(best, rate)
+            rise = m[-1] - m[0]
+            steps = [b - a for a, b in pairwise(m)]
+            # no one step carries most of the rise: a ramp at half the pace (sawtooth, or
+            # several summed) topped by one allocation is not a leak that fast
+            if (rise >= threshold * span_s and min(steps) >= step
+                    and max(steps) <= max_step_share * rise):
+                best = rise / span_s if best is None else max(best, rise / span_s)
         if best is not None and (lo[-1] - lo[0]) / span_s < step_ratio * threshold:
             # only the maxima climb: transients of random size (churn given back to the
             # driver) do that by chance; a leak lifts the minima too, past a sawtooth drop

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import msgspec
+
 from gpuwatch.events import Event
 from gpuwatch.model import GpuSample, ProbeSample, Tick
 from gpuwatch.signals.conditions import Conditions
@@ -76,6 +78,12 @@ class MemoryAnalyzer:
         self.cfg: SignalsConfig = signals if isinstance(signals, SignalsConfig) else SignalsConfig()
         self.table = table if table is not None else load_table()
         self.params = LeakParams.from_config(self.cfg.leak, self.table)
+        lc = self.cfg.leak
+        k = lc.sum_window_factor
+        self.sum_params = LeakParams.from_config(msgspec.structs.replace(
+            lc, floor_window_seconds=k * lc.floor_window_seconds,
+            trend_window_seconds=k * lc.trend_window_seconds,
+            min_trend_seconds=k * lc.min_trend_seconds), self.table)
         self._procs: dict[tuple[str, int], _Proc] = {}
         self._gpus: dict[str, _Gpu] = {}
 
@@ -265,7 +273,9 @@ class MemoryAnalyzer:
             # as its youngest process (a daemon restart finds old processes steady).
             starts = [p.create_time for p in gpu.processes]
             started = t if state is not None or not starts or None in starts else max(starts)
-            series = LeakSeries(self.params, min(started, t))  # type: ignore[type-var]
+            # Several processes that the driver gives no figure for: a sum of allocators.
+            params = self.sum_params if not attributed and len(held) > 1 else self.params
+            series = LeakSeries(params, min(started, t))  # type: ignore[type-var]
             if state is None:
                 state = self._gpus[gpu.uuid] = _Gpu(signature, series, t)
             else:
