@@ -139,11 +139,17 @@ class RetainedTrend:
     """Theil-Sen slope of the rolling floor (second smallest sample over the floor window),
     one point per bucket. O(floor_n) per closed bucket."""
 
-    def __init__(self, bucket_s: float, floor_s: float, window_s: float) -> None:
+    def __init__(self, bucket_s: float, floor_s: float, window_s: float,
+                 exit_s: float | None = None) -> None:
         self.bucket_s = bucket_s
         self.floor_n = max(1, round(floor_s / bucket_s))
         self.points: deque[tuple[float, float]] = deque(
             maxlen=max(3, round(window_s / bucket_s) + 1)
+        )
+        # a longer history that a firing warning is also held on (None: the window's)
+        self.history: deque[tuple[float, float]] | None = (
+            deque(maxlen=round(exit_s / bucket_s) + 1)
+            if exit_s is not None and exit_s > window_s else None
         )
         self._k: int | None = None
         self._kmin = (math.inf, math.inf)  # the bucket's two smallest samples
@@ -192,6 +198,8 @@ class RetainedTrend:
         lows = sorted(x for _, pair in mins for x in pair)
         floor = lows[1] if math.isfinite(lows[1]) else lows[0]
         self.points.append(((k + 1) * self.bucket_s, floor))
+        if self.history is not None:
+            self.history.append(self.points[-1])
         if len(self.points) >= 3:
             self.slope = theil_sen(self.points)
 
@@ -349,12 +357,13 @@ class LeakSeries:
         a leak judged in warm-up goes on as one episode once the process is steady."""
         c = self.p.cfg
         self.trend = RetainedTrend(c.bucket_seconds, c.floor_window_seconds,
-                                   c.trend_window_seconds)
+                                   c.trend_window_seconds, c.exit_window_seconds)
         self.fast = FastWindow(c.critical_window_seconds)
         self.rate: float | None = None
         self._trend_since: float | None = None  # a sustained trend seen without a break since
         # Theil-Sen slope of the retained memory over the last floor window
         self._recent_slope: float | None = None
+        self._long_slope: float | None = None  # ... over the exit window, while a warning
 
     def _end_episode(self) -> None:
         self.level, self.value, self.threshold, self._below_since = 0, None, None, None
@@ -393,6 +402,9 @@ class LeakSeries:
             return
         if self.trend.add(t, v):  # a bucket closed: the recent trend moved
             self._recent_slope = theil_sen(list(self.trend.points)[-(self.trend.floor_n + 1):])
+            history = self.trend.history
+            self._long_slope = (theil_sen(history) if history is not None and self.level == 1
+                                else None)
         self.fast.add(t, v)
         fast = self.fast.slope(crit_on)
         trend = self.trend.slope if self.trend.span >= c.min_trend_seconds else None
@@ -485,7 +497,7 @@ class LeakSeries:
             if t - self._fired_at < self.p.cfg.critical_resolve_seconds:
                 return math.inf  # the window must lie wholly after the entry last held
             return (hist[-1][1] - hist[0][1]) / max(hist[-1][0] - hist[0][0], 1e-9)
-        known = [r for r in (self._recent_slope, trend) if r is not None]
+        known = [r for r in (self._recent_slope, trend, self._long_slope) if r is not None]
         return max(known) if known else 0.0
 
     def _judge(self, t: float, fire: int, value: float | None, limit: float | None,

@@ -83,7 +83,8 @@ class MemoryAnalyzer:
         self.sum_params = LeakParams.from_config(msgspec.structs.replace(
             lc, floor_window_seconds=k * lc.floor_window_seconds,
             trend_window_seconds=k * lc.trend_window_seconds,
-            min_trend_seconds=k * lc.min_trend_seconds), self.table)
+            min_trend_seconds=k * lc.min_trend_seconds,
+            exit_window_seconds=2 * k * lc.trend_window_seconds), self.table)
         self._procs: dict[tuple[str, int], _Proc] = {}
         self._gpus: dict[str, _Gpu] = {}
 
