@@ -29,8 +29,9 @@ def reference(samples, window_s, threshold, parts=4, step_ratio=0.5):
     best = None
     for m in (lo, hi):
         rate = (m[-1] - m[0]) / ((parts - 1) * part)
-        if rate >= threshold and all(b - a >= step_ratio * threshold * part
-                                     for a, b in pairwise(m)):
+        steps = [b - a for a, b in pairwise(m)]
+        if (rate >= threshold and min(steps) >= step_ratio * threshold * part
+                and max(steps) <= 0.5 * (m[-1] - m[0])):
             best = rate if best is None else max(best, rate)
     return best
 
