@@ -68,12 +68,12 @@ class LeakConfig(Section, kw_only=True):
     # ... judged once it spans at least this much steady time, and only when the retained
     # memory rose in both halves of the window by at least this share of the threshold.
     min_trend_seconds: PositiveFloat = 1440.0
-    # A warning is also held while the retained memory rose over this longer window
-    # (unset: the trend window's).
-    exit_window_seconds: PositiveFloat | None = None
     sustained_ratio: Ratio = 0.4
     # ... and the second half rose at least this share of the first (warm-up levels off).
     levelling_ratio: Ratio = 0.4
+    # A warning is also held while the retained memory rose over this longer window
+    # (unset: the trend window's).
+    exit_window_seconds: PositiveFloat | None = None
     # The GPU's series when the driver gives no per-process figures and it sums several
     # processes: its floor wanders with the beat of their sawtooths (by up to their
     # amplitude, over tens of minutes to hours) and their transients chain, so its floor
