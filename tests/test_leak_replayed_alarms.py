@@ -9,13 +9,15 @@ from benchmarks import leak_detection as bench
 from gpuwatch.config import Config
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
-from gpuwatch.signals.leak import FastWindow
+from gpuwatch.signals.leak import FastWindow, LeakParams, LeakSeries, theil_sen
 from gpuwatch.signals.memory import MemoryAnalyzer
 from gpuwatch.thresholds import load_table
 
 MIB = 1 << 20
 GIB = 1 << 30
 CRIT = 50 * MIB
+WARN = 12 * MIB / 60
+T0 = 1_767_225_600.0
 HOURS = 4
 
 
@@ -80,3 +82,32 @@ def test_a_ramp_at_half_the_pace_topped_by_one_allocation_is_not_a_fast_leak():
         t = i * 3.0
         fw.add(t, 54 * GIB + 48 * MIB * t)
     assert fw.slope(0.9 * CRIT) == pytest.approx(48 * MIB, rel=0.05)
+
+
+def test_transients_that_follow_one_another_are_not_a_leak_next_to_one():
+    # two_procs seed 11: the neighbour that does not leak (sawtooth of 271 s, near the floor
+    # window) had a 279 MiB transient for 6 min, then a 788 MiB one for 9 min; the floor
+    # climbed in two stairs, a 25.6 MiB/min trend whose first half rose only 5 MiB/min
+    r = _score("two_procs", 11)
+    assert r["false_alarms"] == 0, r
+    assert r["latency"] is not None and r["latency"] <= 30 * 60, r  # the leaking pid still
+
+
+def test_a_trend_that_one_half_of_the_window_carries_is_not_sustained():
+    # the neighbour's retained memory (MiB, one point a minute) when it fired: flat at
+    # 28172 under two stairs of transients, the second not yet come back down
+    floors = ([28377] * 3 + [28172] * 5 + [28238] + [28432] * 4 + [28447] + [28408] * 5
+              + [28610, 28790, 28944] + [28965] * 3)
+    cfg = Config().signals.leak
+    s = LeakSeries(LeakParams.from_config(cfg, load_table()), T0 - 86400)
+    s.trend.points.extend((5820.0 + 60 * i, v * MIB) for i, v in enumerate(floors))
+    trend = theil_sen(s.trend.points)
+    first, second = s.trend.half_rates()
+    assert trend == pytest.approx(25.6 * MIB / 60, rel=0.01)
+    # both halves rose by 0.4 of the warning slope (the old rule's only demand) ...
+    assert min(first, second) >= cfg.sustained_ratio * WARN
+    # ... but the first by a fifth of the trend: not a sustained rise
+    assert first < cfg.trend_share * trend
+    assert not s._sustained(s.p.warning, trend)
+    # the same halves under a trend at the warning slope would be
+    assert s._sustained(s.p.warning, WARN)

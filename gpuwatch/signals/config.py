@@ -69,6 +69,9 @@ class LeakConfig(Section, kw_only=True):
     # memory rose in both halves of the window by at least this share of the threshold.
     min_trend_seconds: PositiveFloat = 1440.0
     sustained_ratio: Ratio = 0.4
+    # ... and by at least this share of the trend judged (a trend carried by one half is a
+    # transient that has not come back down).
+    trend_share: Ratio = 0.3
     # ... and the second half rose at least this share of the first (warm-up levels off).
     levelling_ratio: Ratio = 0.4
     # A warning is also held while the retained memory rose over this longer window

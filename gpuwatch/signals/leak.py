@@ -12,9 +12,10 @@ What counts is the memory a process *keeps*, not its peaks (DESIGN.md §3):
    it; a leak raises it.
 3. **Trend**: the Theil-Sen slope (median of pairwise slopes) of the retained memory over a
    trend window (24 min). It fires a warning only when the retained memory also rose in
-   both halves of the window, the second half by at least 0.4 of the first (warm-up that
-   levels off, a lone step, or a transient that outlasts the floor window do not), and
-   only after that has held for a few minutes (a transient lifts the floor briefly).
+   both halves of the window, each by 0.3 of the trend at least, the second half by at
+   least 0.4 of the first (warm-up that levels off, a lone step, or a transient that
+   outlasts the floor window do not), and only after that has held for a few minutes (a
+   transient lifts the floor briefly).
 4. **Fast path** for the critical slope (50 MiB/s): the raw samples of the last 40 s cut in
    quarters, whose minima (or maxima) must each climb.
 5. **Before steady**, growth whose minima climb at the critical slope through every part of
@@ -453,14 +454,18 @@ class LeakSeries:
             return None
         return rate
 
-    def _sustained(self, threshold: float) -> bool:
-        """Both halves of the window rose, and the growth is not levelling off."""
+    def _sustained(self, threshold: float, trend: float = 0.0) -> bool:
+        """Both halves of the window rose, each by its share of the slope and of the trend
+        judged, and the growth is not levelling off. A trend far above the slope that one
+        half carries is a transient lifting the floor (or several that followed one
+        another) that has not come back down yet, not a leak."""
         halves = self.trend.half_rates()
         if halves is None:
             return False
         first, second = halves
         c = self.p.cfg
-        return min(first, second) >= c.sustained_ratio * threshold and (
+        return min(first, second) >= max(c.sustained_ratio * threshold,
+                                          c.trend_share * trend) and (
             second >= c.levelling_ratio * first
         )
 
@@ -471,9 +476,9 @@ class LeakSeries:
         level, limit = 0, None
         if trend is not None:
             warn_on = p.warning * (1 - c.tolerance)
-            if trend >= crit_on and self._sustained(p.critical):
+            if trend >= crit_on and self._sustained(p.critical, trend):
                 level, limit = 2, crit_on
-            elif trend >= warn_on and self._sustained(p.warning):
+            elif trend >= warn_on and self._sustained(p.warning, trend):
                 level, limit = 1, warn_on
         if not level:
             self._trend_since = None
