@@ -17,7 +17,7 @@ What counts is the memory a process *keeps*, not its peaks (DESIGN.md §3):
    outlasts the floor window do not), and only after that has held for a few minutes (a
    transient lifts the floor briefly).
 4. **Fast path** for the critical slope (50 MiB/s): the raw samples of the last 40 s cut in
-   quarters, whose minima (or maxima) must each climb.
+   quarters, whose minima (or maxima) must each climb, no one step carrying most of it.
 5. **Before steady**, growth whose minima climb at the critical slope through every part of
    a full 50 s window, once the first load has paused, and that would spend the budget
    within the early horizon, is critical: a leak keeps going, loading stops.
@@ -216,9 +216,10 @@ class FastWindow:
     The window is cut in parts; a leak that fast lifts both the minimum and the maximum
     of every part above the previous part's. Allocator sawtooth does not (its minima and
     maxima come back each period), nor does one big allocation, nor two (a step lies
-    between two parts only). Either the minima or the maxima climbing part by part is
-    enough, so that a sawtooth drop inside the window does not hide a leak, but the minima
-    must rise over the window at half the pace at least.
+    between two parts only), nor a ramp at half the pace topped by one allocation (no one
+    step may carry more than half of the rise). Either the minima or the maxima climbing
+    part by part is enough, so that a sawtooth drop inside the window does not hide a
+    leak, but the minima must rise over the window at half the pace at least.
     """
 
     def __init__(self, window_s: float) -> None:
