@@ -32,6 +32,10 @@ class _Proc:
     source: str  # nvml | probe
     last_seen: float
     last_fed: float = -math.inf
+    # What the last judgement concluded (reused on ticks the series is not fed): the rate
+    # it publishes (None: no estimate yet) and the rate a firing leak was judged on.
+    rate: float | None = None
+    judged: float | None = None
     # Escalated to critical by time to OOM in this episode: it stays critical until the
     # episode ends (the severity of one episode only goes up).
     escalated: bool = False
@@ -146,7 +150,14 @@ class MemoryAnalyzer:
         if leak_on:
             for p in sorted(gpu.processes, key=_pid):
                 pid = p.pid
-                state = self._proc_update(t, uuid, p, probes.get(pid), headroom)
+                state, fed = self._proc_update(t, uuid, p, probes.get(pid), headroom)
+                if state is not None and not fed:
+                    # nothing it judges on moved: its signals and condition stand as they are
+                    if state.rate is not None:
+                        proc_rates.append(state.rate)
+                    if state.judged is not None:
+                        judged.append(state.judged)
+                    continue
                 psig = derived.process(uuid, pid)
                 if state is None:
                     psig.leak_rate_bytes_per_second = psig.time_to_oom_seconds = None
@@ -154,7 +165,7 @@ class MemoryAnalyzer:
                     psig.phase = ""
                     continue
                 series = state.series
-                rate = series.rate
+                rate = state.rate = series.rate
                 if rate is None:
                     rate = 0.0
                 else:
@@ -166,8 +177,9 @@ class MemoryAnalyzer:
                 ev = self._leak_event(t, uuid, pid, p.name, state, ttoom, crit_h, gpu.index,
                                       state.source)
                 psig.leak_severity = _severity_level(ev)
-                if ev is not None:
-                    judged.append(max(rate, series.value or 0.0))
+                state.judged = None if ev is None else max(rate, series.value or 0.0)
+                if state.judged is not None:
+                    judged.append(state.judged)
                 proc_events += conditions.set(t, ev, ("memory_leak", uuid, pid, None))
             gstate = self._gpu_update(t, gpu, used, headroom)
 
@@ -232,7 +244,8 @@ class MemoryAnalyzer:
     # -- leak series ------------------------------------------------------------------------
 
     def _proc_update(self, t: float, uuid: str, p, probe: ProbeSample | None,
-                     headroom: float | None) -> _Proc | None:
+                     headroom: float | None) -> tuple[_Proc | None, bool]:
+        """The process's state, and whether its series took this sample."""
         key = (uuid, p.pid)
         state = self._procs.get(key)
         if probe is not None and None not in (probe.create_time, p.create_time) and abs(
@@ -246,24 +259,24 @@ class MemoryAnalyzer:
         )
         if state is None or restarted:
             if value is None:
-                return state
+                return state, True
             started = p.create_time if p.create_time is not None else t
             state = _Proc(LeakSeries(self.params, min(started, t)), p.create_time, source, t)
             self._procs[key] = state
         tick = t - state.last_seen
         state.last_seen = t
         if value is None:
-            return state
+            return state, True
         if source != state.source:
             state.source = source
             state.series.rebase()
         # skip a sample only while the next tick still comes within the interval: ticks
         # at or over it are all taken, faster ones thinned to about one per interval
         elif t - state.last_fed + tick <= self.cfg.leak.sample_interval_seconds:
-            return state
+            return state, False
         state.last_fed = t
         state.series.update(t, float(value), headroom)
-        return state
+        return state, True
 
     def _gpu_update(self, t: float, gpu: GpuSample, used: int, headroom: float | None) -> _Gpu:
         """The GPU's own series: used minus what its processes hold when NVML gives every
