@@ -9,6 +9,7 @@ Pure: time comes from tick.t, state is bounded per series, output is determinist
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 from gpuwatch.events import Event
@@ -93,10 +94,9 @@ class MemoryAnalyzer:
     def update(self, tick: Tick, derived: Derived, conditions: Conditions) -> list[Event]:
         derived.threshold_table = dict(self.table.info)
         probes = self._probes(tick)
-        gpus_of_pid: dict[int, int] = {}
-        for gpu in tick.gpus:
-            for p in gpu.processes:
-                gpus_of_pid[p.pid] = gpus_of_pid.get(p.pid, 0) + 1
+        # a probe's pid on one GPU only (which device is which GPU is not known here)
+        gpus_of_pid = Counter(p.pid for gpu in tick.gpus for p in gpu.processes
+                              if p.pid in probes) if probes else {}
         events: list[Event] = []
         single = {pid: probe for pid, probe in probes.items() if gpus_of_pid.get(pid) == 1}
         for gpu in tick.gpus:
@@ -148,9 +148,18 @@ class MemoryAnalyzer:
         judged: list[float] = []  # the rates of the series judged leaking
         proc_events: list[Event] = []
         if leak_on:
+            states, every = self._procs, self.cfg.leak.sample_interval_seconds
             for p in sorted(gpu.processes, key=_pid):
                 pid = p.pid
-                state, fed = self._proc_update(t, uuid, p, probes.get(pid), headroom)
+                state = states.get((uuid, pid))
+                # the common case, kept short: the same process, on NVML, between samples
+                if (state is not None and pid not in probes and state.source == "nvml"
+                        and p.create_time == state.create_time
+                        and p.used_memory_bytes is not None
+                        and t - state.last_fed + (t - state.last_seen) <= every):
+                    state.last_seen, fed = t, False
+                else:
+                    state, fed = self._proc_update(t, uuid, p, probes.get(pid), headroom)
                 if state is not None and not fed:
                     # nothing it judges on moved: its signals and condition stand as they are
                     if state.rate is not None:
