@@ -86,6 +86,11 @@ class MemoryAnalyzer:
         self.cfg: SignalsConfig = signals if isinstance(signals, SignalsConfig) else SignalsConfig()
         self.table = table if table is not None else load_table()
         self.params = LeakParams.from_config(self.cfg.leak, self.table)
+        lc = self.cfg.leak
+        # thinned no further than the fast windows allow: a dozen samples in the critical
+        # window, three a part in the early one (shortened windows take every tick)
+        self._every = min(lc.sample_interval_seconds, lc.critical_window_seconds / 12,
+                          lc.early_window_seconds / (3 * lc.early_parts))
         self._procs: dict[tuple[str, int], _Proc] = {}
         self._gpus: dict[str, _Gpu] = {}
 
@@ -148,7 +153,7 @@ class MemoryAnalyzer:
         judged: list[float] = []  # the rates of the series judged leaking
         proc_events: list[Event] = []
         if leak_on:
-            states, every = self._procs, self.cfg.leak.sample_interval_seconds
+            states, every = self._procs, self._every
             for p in sorted(gpu.processes, key=_pid):
                 pid = p.pid
                 state = states.get((uuid, pid))
@@ -281,7 +286,7 @@ class MemoryAnalyzer:
             state.series.rebase()
         # skip a sample only while the next tick still comes within the interval: ticks
         # at or over it are all taken, faster ones thinned to about one per interval
-        elif t - state.last_fed + tick <= self.cfg.leak.sample_interval_seconds:
+        elif t - state.last_fed + tick <= self._every:
             return state, False
         state.last_fed = t
         state.series.update(t, float(value), headroom)
