@@ -453,7 +453,10 @@ class LeakSeries:
             self._paused = True
         if not self._paused:
             return None
-        rate = self.early.slope(crit_on, parts=c.early_parts, lows_only=True, min_span=0.9)
+        # no one-step rule here: only the minima count, after a pause, and a young leak
+        # under churn climbs in uneven steps
+        rate = self.early.slope(crit_on, parts=c.early_parts, lows_only=True, min_span=0.9,
+                                max_step_share=1.0)
         if rate is None:
             return None
         if headroom is not None and max(headroom, 0.0) / rate > c.early_horizon_seconds:
