@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.engines import aliases
-from gpuwatch.engines.normalize import MODULES, compact, read
-from gpuwatch.engines.parse import SUFFIXES
+from gpuwatch.exposition import MODULES, aliases, compact, read
+from gpuwatch.exposition.parse import SUFFIXES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 # fixtures whose name carries the engine version: <kind>-<version>-....prom

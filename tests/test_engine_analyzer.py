@@ -9,14 +9,10 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from gpuwatch.engines.config import (
-    DiscoveryConfig,
-    EngineConfig,
-    KvCacheSignalConfig,
-    QueueSignalConfig,
-)
+from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
 from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
+from gpuwatch.signals.config import KvCacheSignalConfig, QueueSignalConfig
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.engine import EngineAnalyzer
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.engines.detect import detect_kind
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.normalize import read
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition import read
+from gpuwatch.exposition.detect import detect_kind
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -258,7 +258,10 @@ def test_crlf_line_endings():
 
 
 def test_the_series_cache_stays_bounded_under_churn_and_long_labels():
-    from gpuwatch.engines import parse as p
+    import importlib
+
+    # the package's `parse` is the function; the module holds the cache
+    p = importlib.import_module("gpuwatch.exposition.parse")
 
     long_value = "x" * 5000
     read(f'vllm:num_requests_running{{engine="0",model_name="{long_value}"}} 1\n')

@@ -9,20 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpuwatch.engines.config import (
-    DiscoveryConfig,
-    EngineConfig,
-    KvCacheSignalConfig,
-    QueueSignalConfig,
-)
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.normalize import read
-from gpuwatch.engines.state import EngineState
 from gpuwatch.events import Event
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition import read
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.signals import slis
 from gpuwatch.signals.conditions import Conditions
-from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.config import EngineLimits, KvCacheSignalConfig, QueueSignalConfig
+from gpuwatch.signals.derived import Derived, EngineState
 from gpuwatch.signals.windows import EngineCounters, Window, histogram_quantile
 
 SIGNALS = ("engine_down", "kv_cache_hit_ratio", "queue_latency")
@@ -64,7 +58,7 @@ class _Track:
 class EngineAnalyzer:
     def __init__(self, config=None) -> None:
         self.configured = {e.name: e for e in (getattr(config, "engines", None) or [])}
-        self.discovery = getattr(config, "discovery", None) or DiscoveryConfig()
+        self.discovery = getattr(config, "discovery", None) or EngineLimits()
         signals = getattr(config, "signals", None)
         self.kv_cfg: KvCacheSignalConfig = (
             getattr(signals, "kv_cache", None) or KvCacheSignalConfig()
@@ -96,7 +90,7 @@ class EngineAnalyzer:
 
     # -- ingest ---------------------------------------------------------------------------
 
-    def _limits(self, name: str) -> EngineConfig | DiscoveryConfig:
+    def _limits(self, name: str) -> EngineLimits:
         return self.configured.get(name) or self.discovery
 
     def _track(self, name: str) -> _Track:

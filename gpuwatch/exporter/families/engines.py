@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwatch.engines.state import EngineState
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.signals.derived import EngineState
 
 LABELS = ["engine", "kind", "model"]
 

@@ -44,7 +44,7 @@ ROLES = {
     "finished": "finished requests by reason",
     "failed": "failed requests",
     "waiting_by_reason": "waiting requests by reason",
-    # read by the engine modules (gpuwatch/engines/normalize/*)
+    # read by the engine modules (gpuwatch/exposition/*)
     "running": "running requests",
     "waiting": "waiting requests",
     "kv_usage": "KV-cache usage",

@@ -9,9 +9,9 @@ histogram's bucket names, reusing its code.
 
 from __future__ import annotations
 
-from gpuwatch.engines import aliases
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.parse import Exposition, wanted_names
+from gpuwatch.exposition import aliases
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition.parse import Exposition, wanted_names
 
 TTFT, ITL, E2E = "ttft", "itl", "e2e"
 SLIS = (TTFT, ITL, E2E)

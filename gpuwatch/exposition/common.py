@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpuwatch.engines.parse import Exposition, LabelKey
+from gpuwatch.exposition.parse import Exposition, LabelKey
 
 # Counter names inside Reading.counters (per series group).
 PREFIX_HITS = "prefix_hits"

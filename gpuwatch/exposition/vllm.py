@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.parse import Exposition, help_text, wanted_names
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition.parse import Exposition, help_text, wanted_names
 
 PREFIXES = ("vllm:", "process_start_time_seconds")
 WANTED = wanted_names((

@@ -9,8 +9,8 @@ tokens include the cached ones).
 
 from __future__ import annotations
 
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.parse import Exposition, wanted_names
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition.parse import Exposition, wanted_names
 
 PREFIXES = ("sglang:", "process_start_time_seconds")
 WANTED = wanted_names((
