@@ -54,6 +54,8 @@ ROLES = {
     "preemptions": "preemptions",
     "queue_time": "queue time",
     "cache_config": "cache configuration",
+    "sleep_state": "sleep mode state",
+    "kv_pool": "planned KV-cache pool (tokens)",
 }
 
 V_PRS = ("vLLM PR #18354 (new names, gpu_ ones deprecated; released in 0.9.2), #24245 "
@@ -95,6 +97,8 @@ VLLM = (
           shape="counter"),
     Alias("vllm:request_queue_time_seconds", "queue_time", source=V_LOGGERS, fixture=V033),
     Alias("vllm:cache_config_info", "cache_config", source=V_LOGGERS, fixture=V033,
+          shape="gauge"),
+    Alias("vllm:engine_sleep_state", "sleep_state", source=V_LOGGERS, fixture=V033,
           shape="gauge"),
     Alias("vllm:time_to_first_token_seconds", "ttft", source=V_LOGGERS, fixture=V033),
     Alias("vllm:inter_token_latency_seconds", "itl", since="0.11", source=TPOT_PRS,
@@ -153,6 +157,8 @@ SGLANG = (
     Alias("sglang:num_retracted_requests", "preemptions", source=SG_DOC,
           fixture="sglang.prom", shape="counter"),
     Alias("sglang:queue_time_seconds", "queue_time", source=SG_DOC, fixture="sglang.prom"),
+    Alias("sglang:max_total_num_tokens", "kv_pool", source=SG_DOC, fixture="sglang.prom",
+          shape="gauge"),
     Alias("sglang:prompt_tokens", "prompt_tokens", source=SG_DOC, fixture="sglang.prom",
           shape="counter"),
     Alias("sglang:generation_tokens", "generation_tokens", source=SG_DOC,

@@ -51,6 +51,8 @@ class LifecycleConfig(Section, kw_only=True):
     reload_drop_ratio: Ratio = 0.5
     # A process missing from this many seconds of samples is gone (state dropped).
     forget_after_seconds: PositiveFloat = 60.0
+    # An engine that woke from sleep takes its memory back: its series hold this long.
+    wake_settle_seconds: NonNegFloat = 60.0
 
 
 class LeakConfig(Section, kw_only=True):

@@ -55,6 +55,14 @@ class EngineState:
     gpus: dict[str, int] = field(default_factory=dict)  # uuid -> index, via NVML's pids
     # Labels of vllm:cache_config_info (block_size, num_gpu_blocks, gpu_memory_utilization...)
     cache_config: dict[str, str] = field(default_factory=dict)
+    # Memory facts for the memory analyzer (signals/pools.py): sleep level (0 awake, 1
+    # weights offloaded, 2 all discarded; None unknown), when it last changed, how often it
+    # went to sleep, and the planned KV pool in tokens and, where the engine says, bytes.
+    sleep_level: int | None = None
+    sleep_changed_at: float | None = None
+    sleeps_total: int = 0
+    kv_pool_tokens: float | None = None
+    kv_pool_bytes: float | None = None
     last_scrape: float | None = None
     last_success: float | None = None
     scrape_duration_seconds: float | None = None

@@ -145,7 +145,7 @@ class EngineAnalyzer:
             "prefix_cache_hits_total", "prefix_cache_queries_total", "preemptions_total",
             "queue_requests_total", "queue_seconds_total",
             "kv_cache_hit_ratio", "kv_cache_queries_in_window", "queue_latency_mean_seconds",
-            "queue_requests_in_window", "preemption_rate_per_second",
+            "queue_requests_in_window", "preemption_rate_per_second", "sleep_level",
         ):
             setattr(st, name, None)
         st.queue_latency_seconds = {}
@@ -164,6 +164,12 @@ class EngineAnalyzer:
         st.model = r.model
         st.ranks = r.ranks
         st.cache_config = r.cache_config
+        st.kv_pool_tokens, st.kv_pool_bytes = r.kv_pool_tokens, r.kv_pool_bytes
+        if r.sleep_level is not None and st.sleep_level is not None \
+                and (r.sleep_level > 0) != (st.sleep_level > 0):
+            st.sleep_changed_at = t  # fell asleep or woke: the memory analyzer holds
+            st.sleeps_total += r.sleep_level > 0
+        st.sleep_level = r.sleep_level
         st.requests_running = _finite(r.requests_running)
         st.requests_waiting = _finite(r.requests_waiting)
         st.kv_cache_usage_ratio = _finite(r.kv_cache_usage_ratio)

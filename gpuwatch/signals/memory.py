@@ -9,6 +9,7 @@ Pure: time comes from tick.t, state is bounded per series, output is determinist
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpuwatch.events import Event
@@ -18,6 +19,7 @@ from gpuwatch.signals.config import SignalsConfig
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.leak import STEADY, LeakParams, LeakSeries
 from gpuwatch.signals.oom import HorizonState, headroom_bytes, time_to_oom
+from gpuwatch.signals.pools import EnginePool, engine_pools, of_pid
 from gpuwatch.signals.zone import ZONE_NAMES, ZoneState, planned_bytes
 from gpuwatch.thresholds.table import Row, ThresholdTable, load_table
 
@@ -128,7 +130,10 @@ class MemoryAnalyzer:
             return []
         row = self.table.match(gpu.name, total) if total else None
         events: list[Event] = []
-        headroom = headroom_bytes(row.budget_bytes, used) if row is not None else None
+        pools = self._pools(t, gpu, derived)
+        # pools engines take (back) by design (loading, asleep) are not headroom
+        ahead = sum(e.ahead for e in pools)
+        headroom = headroom_bytes(row.budget_bytes, used + ahead) if row is not None else None
 
         # Leak series: per process, then the GPU as a whole.
         leak_on = self.cfg.leak.enabled
@@ -136,11 +141,11 @@ class MemoryAnalyzer:
         proc_rates: dict[int, float | None] = {}
         if leak_on:
             for p in procs:
-                self._proc_update(t, uuid, p, probes.get(p.pid), headroom)
+                self._proc_update(t, uuid, p, probes.get(p.pid), headroom, of_pid(pools, p.pid))
                 state = self._procs.get((uuid, p.pid))
                 if state is not None:
                     proc_rates[p.pid] = state.series.rate
-            gstate = self._gpu_update(t, gpu, used, headroom)
+            gstate = self._gpu_update(t, gpu, used, headroom, pools)
 
         # Zone, on memory that was not planned.
         if row is not None:
@@ -223,10 +228,22 @@ class MemoryAnalyzer:
             events += conditions.set(t, ev, ("time_to_oom", uuid, None, None))
         return events
 
+    def _pools(self, t: float, gpu: GpuSample, derived: Derived) -> list[EnginePool]:
+        """The engines' planned pools and sleep states on this GPU (signals/pools.py)."""
+        zc = self.cfg.zone
+        if not zc.planned_pools:
+            return []
+        pools = engine_pools(gpu, derived.engines, zc.vllm_default_utilization, t,
+                             self.cfg.leak.lifecycle.wake_settle_seconds)
+        derived.gpu(gpu.uuid).notes.extend(
+            f"leak: engine {e.engine} {e.quiet}: its memory is not judged" for e in pools
+            if e.quiet)
+        return pools
+
     # -- leak series ------------------------------------------------------------------------
 
     def _proc_update(self, t: float, uuid: str, p, probe: ProbeSample | None,
-                     headroom: float | None) -> None:
+                     headroom: float | None, pool: EnginePool | None = None) -> None:
         key = (uuid, p.pid)
         state = self._procs.get(key)
         if probe is not None and None not in (probe.create_time, p.create_time) and abs(
@@ -245,14 +262,16 @@ class MemoryAnalyzer:
             state = _Proc(LeakSeries(self.params, min(started, t)), p.create_time, source, t)
             self._procs[key] = state
         state.last_seen = t
-        if value is None:
-            return
+        if value is None or (pool is not None and pool.quiet):
+            return  # an engine asleep or waking: its memory moves by design, the series holds
         if source != state.source:
             state.source = source
             state.series.rebase()
-        state.series.update(t, float(value), headroom)
+        floor = pool.floors.get(p.pid, 0.0) if pool is not None else 0.0
+        state.series.update(t, max(float(value), floor), headroom)  # up to its pool: planned
 
-    def _gpu_update(self, t: float, gpu: GpuSample, used: int, headroom: float | None) -> _Gpu:
+    def _gpu_update(self, t: float, gpu: GpuSample, used: int, headroom: float | None,
+                    pools: Sequence[EnginePool] = ()) -> _Gpu:
         """The GPU's own series: used minus what its processes hold when NVML gives every
         process's figure (growth no process explains), else all of used."""
         held = [p.used_memory_bytes for p in gpu.processes]
@@ -272,6 +291,10 @@ class MemoryAnalyzer:
                 state.signature, state.series = signature, series
                 state.escalated = False
         state.last_seen = t
+        if not attributed and pools:  # all of used: the engines' pools are in it
+            if any(e.quiet for e in pools):
+                return state  # an engine asleep or waking: hold
+            value = max(value, sum(e.pool for e in pools))
         state.series.update(t, float(value), headroom)
         return state
 
