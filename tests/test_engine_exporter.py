@@ -26,7 +26,7 @@ PAIRS = {
     "vllm07": ("vllm-0.7-v0.prom", "vllm-0.7-v0.prom"),
     "sglang": ("sglang.prom", "sglang-later.prom"),
     "tgi": ("tgi.prom", "tgi-later.prom"),
-    "llama": ("llamacpp.prom", "llamacpp-later.prom"),
+    "llama": ("llamacpp-0.3.36-real-load.prom", "llamacpp-0.3.36-real-after.prom"),
     "triton": ("triton-trtllm.prom", "triton-trtllm-later.prom"),
 }
 

@@ -169,18 +169,19 @@ SGLANG = (
 )
 
 LC_DOC = "tools/server/server.cpp (server_task_result_metrics), needs --metrics"
+LC_FIX = "llamacpp-0.3.36-real-load.prom"
 LLAMACPP = (
-    Alias("llamacpp:requests_processing", "running", source=LC_DOC, fixture="llamacpp.prom",
+    Alias("llamacpp:requests_processing", "running", source=LC_DOC, fixture=LC_FIX,
           shape="gauge"),
-    Alias("llamacpp:requests_deferred", "waiting", source=LC_DOC, fixture="llamacpp.prom",
+    Alias("llamacpp:requests_deferred", "waiting", source=LC_DOC, fixture=LC_FIX,
           shape="gauge"),
     # prompt tokens processed (the cached ones are counted apart, below)
-    Alias("llamacpp:prompt_tokens", "prompt_tokens", source=LC_DOC, fixture="llamacpp.prom",
+    Alias("llamacpp:prompt_tokens", "prompt_tokens", source=LC_DOC, fixture=LC_FIX,
           shape="counter"),
     Alias("llamacpp:prompt_tokens_cached", "prompt_tokens", source=LC_DOC,
-          fixture="llamacpp.prom", shape="counter"),
+          fixture=LC_FIX, shape="counter"),
     Alias("llamacpp:tokens_predicted", "generation_tokens", source=LC_DOC,
-          fixture="llamacpp.prom", shape="counter"),
+          fixture=LC_FIX, shape="counter"),
     Alias("llamacpp:kv_cache_usage_ratio", "kv_usage", removed="unknown",
           source="llama.cpp PR #13660 removed the KV-cache gauges (listed in #22879)",
           fixture="", shape="gauge"),
