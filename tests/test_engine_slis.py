@@ -271,3 +271,34 @@ def test_the_real_llamacpp_server_counts_tokens_and_has_no_latency_slis():
     assert st.sli_quantiles_seconds == {} and st.sli_mean_seconds == {}
     assert "no time to first token" in st.missing["ttft"]
     assert "llamacpp:n_decode" in st.unread_families
+
+
+def test_tgi_e2e_and_per_request_tpot_from_its_router_histograms():
+    """TGI (router/src/server.rs): e2e and mean time per token histograms, tokens as the
+    _sum of per-request histograms, failures by err; no time to first token."""
+    first, later = text("tgi.prom"), text("tgi-later.prom")
+    derived = run(first, later)
+    st = derived.engines["e"]
+    assert st.up, st.reason
+    assert st.sli_source == {"e2e": "tgi_request_duration",
+                             "itl": "tgi_request_mean_time_per_token_duration (per-request TPOT)"}
+    # the window: 10 requests of 1.2 s, 6 of 3.5 s, 4 of 20 s. p50: the 10th of 20 is the
+    # last in (1.122, 1.683], p95: the 19th in (19.18, 28.76], 3 of its 4
+    e2e = st.sli_quantiles_seconds["e2e"]
+    bounds, c0 = buckets(first, "tgi_request_duration")
+    _, c1 = buckets(later, "tgi_request_duration")
+    deltas = [b - a for a, b in zip(c0, c1, strict=True)]
+    assert deltas[-1] == 20
+    assert e2e["0.5"] == pytest.approx(bounds[23]) and 1.12 < bounds[23] < 1.69
+    assert e2e["0.95"] == pytest.approx(bounds[29] + (bounds[30] - bounds[29]) * 3 / 4)
+    assert 19 < e2e["0.95"] < 29
+    # per-request TPOT, 0.02 s for half of the window's requests
+    assert 0.0194 < st.sli_quantiles_seconds["itl"]["0.5"] <= 0.0292
+    assert "ttft" not in st.sli_quantiles_seconds
+    assert st.missing["ttft"] == "tgi exposes no time to first token metric"
+    # cumulative token totals: the sums of the per-request histograms
+    assert st.prompt_tokens_total == 20 * 300 + 14 * 900 + 2 * 2000 + 4 * 3000
+    assert st.generation_tokens_total == 20 * 60 + 14 * 120 + 2 * 180 + 4 * 250
+    # 20 successes and one generation error in the window
+    assert st.requests_finished_total == {"ok": 40, "error": 2}
+    assert st.request_error_ratio == pytest.approx(1 / 21)

@@ -208,12 +208,25 @@ TRITON = (
           fixture="triton-trtllm.prom", shape="gauge"),
 )
 
-TG_DOC = "router/src/server.rs (metrics-exporter-prometheus)"
+TG_DOC = ("router/src/server.rs (metrics-exporter-prometheus); "
+          "docs/source/reference/metrics.md")
 TGI = (
     Alias("tgi_queue_size", "waiting", source=TG_DOC, fixture="tgi.prom", shape="gauge"),
     Alias("tgi_batch_current_size", "running", source=TG_DOC, fixture="tgi.prom",
           shape="gauge"),
     Alias("tgi_request_queue_duration", "queue_time", source=TG_DOC, fixture="tgi.prom"),
+    # no time to first token, no inter-token latency: the per-request mean time per token
+    Alias("tgi_request_duration", "e2e", source=TG_DOC, fixture="tgi.prom"),
+    Alias("tgi_request_mean_time_per_token_duration", "tpot", source=TG_DOC,
+          fixture="tgi.prom"),
+    # token counts are histograms per request: their _sum is the total
+    Alias("tgi_request_input_length", "prompt_tokens", source=TG_DOC, fixture="tgi.prom"),
+    Alias("tgi_request_generated_tokens", "generation_tokens", source=TG_DOC,
+          fixture="tgi.prom"),
+    Alias("tgi_request_success", "finished", source=TG_DOC, fixture="tgi.prom",
+          shape="counter"),
+    Alias("tgi_request_failure", "failed", source=TG_DOC, fixture="tgi.prom",
+          shape="counter"),
 )
 
 TABLES: dict[str, tuple[Alias, ...]] = {
