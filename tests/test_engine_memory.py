@@ -126,16 +126,17 @@ ASLEEP_USED = 900 * MIB  # the CUDA context stays
 
 
 def sleepy_used(t: float, leak: float = 0.0) -> tuple[float, int]:
-    """(NVML used of the engine core, sleep level vLLM reports) at t: asleep for 10 min of
-    every 40, taking memory back over 40 s on waking (weights come back from the CPU)."""
+    """(NVML used of the engine core, its sleep level) at t: asleep for 10 min of every 40,
+    taking memory back over 40 s on waking (weights come back from the CPU)."""
     phase = t % 2400
     extra = leak * t
     if phase < 1800:
         return AWAKE_USED + extra, 0
     if phase < 2400 - 40:
         return ASLEEP_USED, 1
-    ramp = (phase - (2400 - 40)) / 40  # vLLM says awake only once wake_up returned
-    return ASLEEP_USED + ramp * (AWAKE_USED + extra - ASLEEP_USED), 1
+    ramp = (phase - (2400 - 40)) / 40
+    # a staged wake-up (weights, then the KV cache) reports awake before all is back
+    return ASLEEP_USED + ramp * (AWAKE_USED + extra - ASLEEP_USED), int(ramp < 0.5)
 
 
 def no_sleep_state(text: str) -> str:
@@ -148,10 +149,10 @@ def no_sleep_state(text: str) -> str:
 CASES = {
     # the share: the pool floor holds the series flat through sleep and wake
     "share-without-sleep-state": lambda text: no_sleep_state(without_kv_bytes(text)),
-    # a KV size fixed at 30 GiB plans less than the process holds (weights come on top):
+    # a KV size fixed at 50 GiB plans less than the process holds (weights come on top):
     # the sleep state must hold the series
     "fixed-kv-with-sleep-state": lambda text: text.replace(
-        'kv_cache_memory_bytes="1073741824"', f'kv_cache_memory_bytes="{30 * GIB}"'),
+        'kv_cache_memory_bytes="1073741824"', f'kv_cache_memory_bytes="{50 * GIB}"'),
 }
 
 
