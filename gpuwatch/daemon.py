@@ -173,7 +173,7 @@ class Daemon:
         # copies bytes, and states nobody scrapes are not rendered.
         if self.renderer.due(self.config.nvml.fast_interval_seconds):
             try:
-                self.renderer.render(self.snapshot)
+                self.renderer.render_ahead(self.snapshot)
             except Exception:
                 log.exception("rendering /metrics failed")
 

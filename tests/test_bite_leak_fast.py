@@ -32,6 +32,8 @@ def reference(samples, window_s, threshold, parts=4, step_ratio=0.5):
         if rate >= threshold and all(b - a >= step_ratio * threshold * part
                                      for a, b in pairwise(m)):
             best = rate if best is None else max(best, rate)
+    if best is not None and (lo[-1] - lo[0]) / ((parts - 1) * part) < step_ratio * threshold:
+        return None  # only the maxima climbed: the minima must rise too
     return best
 
 

@@ -507,3 +507,31 @@ def test_growth_in_warmup_that_would_not_fill_the_gpu_within_the_horizon_waits()
             el = float(i)
             s.update(T0 + el, _young(el, 120.0, rate=CRIT), headroom)
         assert (s.level == 2) is fires
+
+
+def _fed(pipeline: Pipeline, pid: int) -> list[float]:
+    series = pipeline.analyzers[1]._procs[("GPU-0", pid)].series
+    return [t for t, _ in series.fast.samples]
+
+
+@pytest.mark.parametrize("dt, gap", [(1.0, 3.0), (0.7, 2.8), (2.0, 2.0), (5.0, 5.0)])
+def test_a_process_series_takes_about_one_sample_per_interval(dt, gap):
+    """Ticks faster than sample_interval_seconds are thinned (8 x 64 processes at 1 s cost
+    what the detector needs, no more); a 50 MiB/s leak is still critical within 60 s."""
+    onset = 300.0
+    def make(el):
+        return gpu_tick(T0 + el, [(11, 20 * GIB + saw(el) + CRIT * max(0.0, el - onset),
+                                   T0 - 3600)])
+    pipeline = Pipeline(Config(), load_table())
+    events = run(pipeline, make, onset + 60, dt=dt)
+    gaps = {round(b - a, 3) for a, b in itertools.pairwise(_fed(pipeline, 11))}
+    assert gaps == {gap}
+    firing = [e for e in events if e.signal == "memory_leak" and e.state == "firing"]
+    assert firing and firing[0].severity == "critical" and firing[0].t - T0 - onset <= 60
+
+
+def test_sample_interval_zero_takes_every_tick():
+    cfg = load(overrides={"signals": {"leak": {"sample_interval_seconds": 0}}})
+    pipeline = Pipeline(cfg, load_table())
+    run(pipeline, lambda el: gpu_tick(T0 + el, [(11, 20 * GIB, T0 - 3600)]), 60, dt=1.0)
+    assert {round(b - a, 3) for a, b in itertools.pairwise(_fed(pipeline, 11))} == {1.0}

@@ -3,8 +3,9 @@
 Rendering a large host (8 GPUs x 64 processes) costs a few ms, more than the rest of a tick.
 Rendering every tick would spend that on states nobody reads when Prometheus scrapes every
 15 s and the daemon ticks every second; rendering only when asked would put it on the scrape.
-So the renderer learns the scrape period and renders on the ticks just before the next scrape
-is due: a scrape still finds its bytes ready, and the daemon renders about once per scrape.
+So the renderer learns the scrape period and renders on the tick just before the next scrape
+is due: a scrape finds its bytes ready (at most a tick and a half old), and the daemon renders
+once per scrape.
 """
 
 from __future__ import annotations
@@ -47,29 +48,52 @@ IDLE_PERIODS = 4
 IDLE_SECONDS = 120.0
 
 
+# Bytes rendered ahead for a scrape are served up to this many ticks old: the tick that
+# rendered them may be followed by another one just before the scrape comes.
+AHEAD_MAX_AGE_TICKS = 1.5
+
+
 class Renderer:
     def __init__(self, clock=time.monotonic) -> None:
         self.collector = SnapshotCollector()
-        self._cache: tuple[int, bytes] | None = None
+        self._cache: tuple[int, bytes, float] | None = None  # version, bytes, rendered at
         self._clock = clock
         self._scrapes: collections.deque[float] = collections.deque(maxlen=SCRAPES_KEPT)
+        self._tick = 0.0
+        self._ahead = False  # the cache was rendered ahead for the coming scrape
         self.renders = 0
         self.renders_on_scrape = 0  # scrapes that found no ready bytes
 
     def serve(self, snap: Snapshot) -> bytes:
-        """A scrape: the bytes of this state (rendered now only if no tick did it)."""
-        self._scrapes.append(self._clock())
-        if self._cache is None or self._cache[0] != snap.version:
+        """A scrape: the bytes of this state, or of the state a tick rendered ahead for
+        this scrape if no more than AHEAD_MAX_AGE_TICKS old (rendered now only if neither)."""
+        now = self._clock()
+        self._scrapes.append(now)
+        cache, ahead = self._cache, self._ahead
+        self._ahead = False
+        if cache is not None and cache[0] != snap.version and ahead and (
+                now - cache[2] <= AHEAD_MAX_AGE_TICKS * self._tick):
+            return cache[1]
+        if cache is None or cache[0] != snap.version:
             self.renders_on_scrape += 1
         return self.render(snap)
 
+    def render_ahead(self, snap: Snapshot) -> None:
+        """A tick renders for the scrape it expects (see due)."""
+        self.render(snap)
+        self._ahead = len(self._scrapes) >= 2
+
     def due(self, tick_interval: float) -> bool:
         """Whether a tick should render its new state now: a scrape is expected within
-        about one tick. Before the period is known, every tick renders."""
+        about one tick, and no tick rendered for it yet. Before the period is known, every
+        tick renders."""
+        self._tick = tick_interval
         if not self._scrapes:
             return False
         if len(self._scrapes) < 2:
             return True
+        if self._ahead:
+            return False
         gaps = [b - a for a, b in zip(self._scrapes, list(self._scrapes)[1:], strict=False)]
         period = statistics.median(gaps)
         since = self._clock() - self._scrapes[-1]
@@ -82,6 +106,6 @@ class Renderer:
             return self._cache[1]
         self.collector.snapshot = snap
         body = exposition(self.collector.collect())
-        self._cache = (snap.version, body)
+        self._cache = (snap.version, body, self._clock())
         self.renders += 1
         return body

@@ -26,6 +26,9 @@ def _escape(v: str) -> str:
 
 def exposition(metrics: Iterable[Metric]) -> bytes:
     out: list[str] = []
+    # A process's label set recurs in each of its families: escaped and joined once. Per
+    # call, so it is bounded by what one exposition holds.
+    seen: dict[tuple, str] = {}
     for m in metrics:
         name = m.name + ("_total" if m.type == "counter" else "_info" if m.type == "info"
                          else "")
@@ -33,7 +36,11 @@ def exposition(metrics: Iterable[Metric]) -> bytes:
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TYPES[m.type]}\n")
         for s in m.samples:
             if s.labels:
-                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
+                key = tuple(s.labels.items())
+                labels = seen.get(key)
+                if labels is None:
+                    labels = seen[key] = ",".join(
+                        f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
                 out.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n")
             else:
                 out.append(f"{s.name} {floatToGoString(s.value)}\n")

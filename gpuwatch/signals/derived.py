@@ -121,8 +121,15 @@ class Derived:
     engines: dict[str, EngineState] = field(default_factory=dict)  # by engine name
     threshold_table: dict[str, str] = field(default_factory=dict)  # version, source
 
+    # get first: these run for every process on every tick, and most already exist
     def gpu(self, uuid: str) -> GpuSignals:
-        return self.gpus.setdefault(uuid, GpuSignals())
+        sig = self.gpus.get(uuid)
+        if sig is None:
+            sig = self.gpus[uuid] = GpuSignals()
+        return sig
 
     def process(self, uuid: str, pid: int) -> ProcessSignals:
-        return self.processes.setdefault((uuid, pid), ProcessSignals())
+        sig = self.processes.get((uuid, pid))
+        if sig is None:
+            sig = self.processes[(uuid, pid)] = ProcessSignals()
+        return sig

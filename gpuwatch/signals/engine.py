@@ -297,13 +297,17 @@ class EngineAnalyzer:
     # -- GPUs, events, forgetting ---------------------------------------------------------
 
     def _link_gpus(self, tick: Tick, derived: Derived) -> None:
+        states = [st for st in derived.engines.values() if isinstance(st, EngineState)]
+        # only the engines' pids are looked for: a host has hundreds of processes
+        wanted = {pid for st in states for pid in st.pids}
         owner: dict[int, list[tuple[str, int]]] = {}
-        for g in tick.gpus:
-            for p in g.processes:
-                owner.setdefault(p.pid, []).append((g.uuid, g.index))
-        for st in derived.engines.values():
-            if isinstance(st, EngineState):
-                st.gpus = {u: i for pid in st.pids for u, i in owner.get(pid, [])}
+        if wanted:
+            for g in tick.gpus:
+                for p in g.processes:
+                    if p.pid in wanted:
+                        owner.setdefault(p.pid, []).append((g.uuid, g.index))
+        for st in states:
+            st.gpus = {u: i for pid in st.pids for u, i in owner.get(pid, [])}
 
     def _down_after(self, name: str) -> int:
         cfg = self.configured.get(name)

@@ -149,10 +149,7 @@ class RetainedTrend:
         self._kmin = (math.inf, math.inf)  # the bucket's two smallest samples
         self._mins: deque[tuple[int, tuple[float, float]]] = deque()  # by bucket
         self.slope: float | None = None
-
-    @property
-    def span(self) -> float:
-        return self.points[-1][0] - self.points[0][0] if len(self.points) > 1 else 0.0
+        self.span = 0.0  # seconds between the first and last point
 
     def half_rates(self) -> tuple[float, float] | None:
         """Rise rate of the retained memory over each half of the window (each end the
@@ -191,7 +188,9 @@ class RetainedTrend:
         # while a real trough (sawtooth, churn given back) recurs or lasts a few samples.
         lows = sorted(x for _, pair in mins for x in pair)
         floor = lows[1] if math.isfinite(lows[1]) else lows[0]
-        self.points.append(((k + 1) * self.bucket_s, floor))
+        pts = self.points
+        pts.append(((k + 1) * self.bucket_s, floor))
+        self.span = pts[-1][0] - pts[0][0]
         if len(self.points) >= 3:
             self.slope = theil_sen(self.points)
 
@@ -221,16 +220,21 @@ class FastWindow:
         self._highs: deque[tuple[float, float]] = deque()
 
     def add(self, t: float, v: float) -> None:
-        s = self.samples
+        # written out by hand: this runs for every process on every tick
+        w, s, lows, highs = self.window_s, self.samples, self._lows, self._highs
         s.append((t, v))
-        while t - s[0][0] > self.window_s:
+        while t - s[0][0] > w:
             s.popleft()
-        for q, worse in ((self._lows, v.__le__), (self._highs, v.__ge__)):
-            while q and worse(q[-1][1]):
-                q.pop()
-            q.append((t, v))
-            while t - q[0][0] > self.window_s:
-                q.popleft()
+        while lows and v <= lows[-1][1]:
+            lows.pop()
+        lows.append((t, v))
+        while t - lows[0][0] > w:
+            lows.popleft()
+        while highs and v >= highs[-1][1]:
+            highs.pop()
+        highs.append((t, v))
+        while t - highs[0][0] > w:
+            highs.popleft()
 
     def _could_reach(self, threshold: float, rise_s: float) -> bool:
         """Whether any envelope can rise by threshold over rise_s: no part's extreme is
@@ -373,7 +377,8 @@ class LeakSeries:
                 self.early = FastWindow(self.p.cfg.early_window_seconds)
                 self._paused, self._low_ref, self._low_first, self._low_t = (
                     False, None, None, t)
-        self.early.add(t, v)
+        if self.life.phase != STEADY:  # only growth before steady is judged on it
+            self.early.add(t, v)
         p, c = self.p, self.p.cfg
         hist = self._env_hist
         hist.append((t, self._env.add(t, v)))

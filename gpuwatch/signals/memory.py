@@ -33,6 +33,11 @@ class _Proc:
     create_time: float | None
     source: str  # nvml | probe
     last_seen: float
+    last_fed: float = -math.inf
+    # What the last judgement concluded (reused on ticks the series is not fed): the rate
+    # it publishes (None: no estimate yet) and the rate a firing leak was judged on.
+    rate: float | None = None
+    judged: float | None = None
     # Escalated to critical by time to OOM in this episode: it stays critical until the
     # episode ends (the severity of one episode only goes up).
     escalated: bool = False
@@ -60,6 +65,10 @@ def _ttoom(headroom: float | None, rate: float | None) -> float | None:
         return None
     ttoom = time_to_oom(headroom, rate)
     return math.inf if ttoom is None else ttoom
+
+
+def _pid(p) -> int:
+    return p.pid
 
 
 def _severity_level(ev: Event | None) -> int:
@@ -91,10 +100,10 @@ class MemoryAnalyzer:
             for p in gpu.processes:
                 gpus_of_pid[p.pid] = gpus_of_pid.get(p.pid, 0) + 1
         events: list[Event] = []
+        single = {pid: probe for pid, probe in probes.items() if gpus_of_pid.get(pid) == 1}
         for gpu in tick.gpus:
             if gpu.lost:
                 continue
-            single = {pid: probes[pid] for pid in probes if gpus_of_pid.get(pid) == 1}
             events += self._gpu(tick.t, gpu, derived, conditions, single)
         events += self._forget(tick, conditions)
         return events
@@ -135,16 +144,49 @@ class MemoryAnalyzer:
         ahead = sum(e.ahead for e in pools)
         headroom = headroom_bytes(row.budget_bytes, used + ahead) if row is not None else None
 
-        # Leak series: per process, then the GPU as a whole.
+        # Leak series: per process (judged in the same pass: this runs for every process on
+        # every tick), then the GPU as a whole.
         leak_on = self.cfg.leak.enabled
-        procs = sorted(gpu.processes, key=lambda p: p.pid)
-        proc_rates: dict[int, float | None] = {}
+        horizon = self.cfg.time_to_oom
+        crit_h = horizon.critical_seconds if horizon.enabled else None
+        proc_rates: list[float] = []
+        judged: list[float] = []  # the rates of the series judged leaking
+        proc_events: list[Event] = []
         if leak_on:
-            for p in procs:
-                self._proc_update(t, uuid, p, probes.get(p.pid), headroom, of_pid(pools, p.pid))
-                state = self._procs.get((uuid, p.pid))
-                if state is not None:
-                    proc_rates[p.pid] = state.series.rate
+            for p in sorted(gpu.processes, key=_pid):
+                pid = p.pid
+                state, fed = self._proc_update(t, uuid, p, probes.get(pid), headroom,
+                                               of_pid(pools, pid))
+                if state is not None and not fed:
+                    # nothing it judges on moved: its signals and condition stand as they are
+                    if state.rate is not None:
+                        proc_rates.append(state.rate)
+                    if state.judged is not None:
+                        judged.append(state.judged)
+                    continue
+                psig = derived.process(uuid, pid)
+                if state is None:
+                    psig.leak_rate_bytes_per_second = psig.time_to_oom_seconds = None
+                    psig.leak_severity = None
+                    psig.phase = ""
+                    continue
+                series = state.series
+                rate = state.rate = series.rate
+                if rate is None:
+                    rate = 0.0
+                else:
+                    proc_rates.append(rate)
+                ttoom = _ttoom(headroom, rate)
+                psig.leak_rate_bytes_per_second = rate
+                psig.time_to_oom_seconds = ttoom
+                psig.phase = series.phase
+                ev = self._leak_event(t, uuid, pid, p.name, state, ttoom, crit_h, gpu.index,
+                                      state.source)
+                psig.leak_severity = _severity_level(ev)
+                state.judged = None if ev is None else max(rate, series.value or 0.0)
+                if state.judged is not None:
+                    judged.append(state.judged)
+                proc_events += conditions.set(t, ev, ("memory_leak", uuid, pid, None))
             gstate = self._gpu_update(t, gpu, used, headroom, pools)
 
         # Zone, on memory that was not planned.
@@ -167,32 +209,9 @@ class MemoryAnalyzer:
         # series has a value on every tick (0 rate, infinite time to OOM when not growing):
         # an alert's `for:` restarts on any gap.
         own = gstate.series.rate if gstate.series.phase == STEADY else None
-        parts = [r for r in (*proc_rates.values(), own) if r is not None]
-        g_rate = sum(parts) if parts else 0.0
+        g_rate = sum(proc_rates) + (own or 0.0)
         sig.leak_rate_bytes_per_second = g_rate
-
-        horizon = self.cfg.time_to_oom
-        crit_h = horizon.critical_seconds if horizon.enabled else None
-        judged: list[float] = []  # the rates of the series judged leaking
-        for p in procs:
-            state = self._procs.get((uuid, p.pid))
-            psig = derived.process(uuid, p.pid)
-            if state is None:
-                psig.leak_rate_bytes_per_second = psig.time_to_oom_seconds = None
-                psig.leak_severity = None
-                psig.phase = ""
-                continue
-            rate = state.series.rate if state.series.rate is not None else 0.0
-            ttoom = _ttoom(headroom, rate)
-            psig.leak_rate_bytes_per_second = rate
-            psig.time_to_oom_seconds = ttoom
-            psig.phase = state.series.phase
-            ev = self._leak_event(t, uuid, p.pid, p.name, state, ttoom, crit_h, gpu.index,
-                                  state.source)
-            psig.leak_severity = _severity_level(ev)
-            if ev is not None:
-                judged.append(max(rate, state.series.value or 0.0))
-            events += conditions.set(t, ev, ("memory_leak", uuid, p.pid, None))
+        events += proc_events
 
         # The GPU's own series: memory no process accounts for, or all of it when the
         # driver gives no per-process figures.
@@ -243,7 +262,9 @@ class MemoryAnalyzer:
     # -- leak series ------------------------------------------------------------------------
 
     def _proc_update(self, t: float, uuid: str, p, probe: ProbeSample | None,
-                     headroom: float | None, pool: EnginePool | None = None) -> None:
+                     headroom: float | None,
+                     pool: EnginePool | None = None) -> tuple[_Proc | None, bool]:
+        """The process's state, and whether its series took this sample."""
         key = (uuid, p.pid)
         state = self._procs.get(key)
         if probe is not None and None not in (probe.create_time, p.create_time) and abs(
@@ -257,18 +278,27 @@ class MemoryAnalyzer:
         )
         if state is None or restarted:
             if value is None:
-                return
+                return state, True
             started = p.create_time if p.create_time is not None else t
             state = _Proc(LeakSeries(self.params, min(started, t)), p.create_time, source, t)
             self._procs[key] = state
+        tick = t - state.last_seen
         state.last_seen = t
-        if value is None or (pool is not None and pool.quiet):
-            return  # an engine asleep or waking: its memory moves by design, the series holds
+        if value is None:
+            return state, True
+        if pool is not None and pool.quiet:
+            return state, False  # an engine asleep or waking: its memory moves by design
         if source != state.source:
             state.source = source
             state.series.rebase()
+        # skip a sample only while the next tick still comes within the interval: ticks
+        # at or over it are all taken, faster ones thinned to about one per interval
+        elif t - state.last_fed + tick <= self.cfg.leak.sample_interval_seconds:
+            return state, False
+        state.last_fed = t
         floor = pool.floors.get(p.pid, 0.0) if pool is not None else 0.0
         state.series.update(t, max(float(value), floor), headroom)  # up to its pool: planned
+        return state, True
 
     def _gpu_update(self, t: float, gpu: GpuSample, used: int, headroom: float | None,
                     pools: Sequence[EnginePool] = ()) -> _Gpu:

@@ -18,6 +18,10 @@ from gpuwatch.signals.memory import MemoryAnalyzer
 log = logging.getLogger(__name__)
 
 
+def _by_key(tick: Tick) -> dict[tuple[str, int], ProcessSample]:
+    return {(g.uuid, p.pid): p for g in tick.gpus for p in g.processes}
+
+
 class Analyzer(Protocol):
     def update(self, tick: Tick, derived: Derived, conditions: Conditions) -> list[Event]: ...
 
@@ -40,9 +44,9 @@ class Pipeline:
         self.conditions = Conditions()
         self.analyzers = build_analyzers(config, table)
         self.errors = 0
-        # (gpu uuid, pid) -> process of the last tick: names the owner of a process in the
-        # event that resolves its condition after it exited.
-        self._seen: dict[tuple[str, int], ProcessSample] = {}
+        # The last tick with GPUs: names the owner of a process in the event that resolves
+        # its condition after it exited.
+        self._last: Tick | None = None
 
     @classmethod
     def from_config(cls, config) -> Pipeline:
@@ -68,13 +72,15 @@ class Pipeline:
         """Name the pod/container/Slurm job of a process event, from the sample (so replay
         names them as the live run did). Before publication: events are immutable, so an
         attributed event replaces the one the conditions hold."""
-        live = {(g.uuid, p.pid): p for g in tick.gpus for p in g.processes}
         out = []
+        if events:  # rare: the processes are indexed only then
+            live = _by_key(tick)
+            seen = _by_key(self._last) if self._last is not None else {}
         for ev in events:
             if ev.pid is None:
                 proc = self._sole_owner(tick, ev.gpu_uuid)
             else:
-                proc = live.get((ev.gpu_uuid, ev.pid)) or self._seen.get((ev.gpu_uuid, ev.pid))
+                proc = live.get((ev.gpu_uuid, ev.pid)) or seen.get((ev.gpu_uuid, ev.pid))
             owner = {name: getattr(proc, name) for name in ATTRIBUTION_FIELDS
                      if proc is not None and getattr(proc, name)}
             if owner:
@@ -83,7 +89,7 @@ class Pipeline:
                 ev = named
             out.append(ev)
         if tick.gpus:
-            self._seen = live
+            self._last = tick
         return out
 
     @staticmethod

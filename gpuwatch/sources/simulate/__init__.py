@@ -34,6 +34,8 @@ class SimulatedBackend:
         self.interval = interval
         self.start: float | None = None
         self._last_engines: float | None = None
+        # sample, probes and engines of one tick ask for the same instant: computed once
+        self._alive_at: tuple[float, list] | None = None
 
     def open(self) -> None:
         pass
@@ -46,8 +48,14 @@ class SimulatedBackend:
             self.start = now
         return now - self.start
 
-    def _alive(self, elapsed: float):
+    def _alive(self, elapsed: float) -> list:
         """(gpu index, spec, generation, age, used bytes, phase) of every running process."""
+        memo = self._alive_at
+        if memo is None or memo[0] != elapsed:
+            memo = self._alive_at = (elapsed, list(self._running(elapsed)))
+        return memo[1]
+
+    def _running(self, elapsed: float):
         k = int(elapsed // self.interval)
         for g, gpu in enumerate(self.scenario.gpus):
             for spec in gpu.processes:
@@ -61,7 +69,7 @@ class SimulatedBackend:
     def sample(self, now: float) -> list[GpuSample]:
         elapsed = self._elapsed(now)
         out = []
-        alive = list(self._alive(elapsed))
+        alive = self._alive(elapsed)
         for g, gpu in enumerate(self.scenario.gpus):
             name, total = gpu.model
             procs = [
