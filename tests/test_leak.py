@@ -535,3 +535,11 @@ def test_sample_interval_zero_takes_every_tick():
     pipeline = Pipeline(cfg, load_table())
     run(pipeline, lambda el: gpu_tick(T0 + el, [(11, 20 * GIB, T0 - 3600)]), 60, dt=1.0)
     assert {round(b - a, 3) for a, b in itertools.pairwise(_fed(pipeline, 11))} == {1.0}
+
+
+def test_shortened_windows_are_not_thinned_below_what_they_need():
+    # a 10 s critical window at 1 s ticks needs every tick: a dozen samples per window
+    cfg = load(overrides={"signals": {"leak": {"critical_window_seconds": 10}}})
+    pipeline = Pipeline(cfg, load_table())
+    run(pipeline, lambda el: gpu_tick(T0 + el, [(11, 20 * GIB, T0 - 3600)]), 60, dt=1.0)
+    assert {round(b - a, 3) for a, b in itertools.pairwise(_fed(pipeline, 11))} == {1.0}

@@ -144,3 +144,27 @@ def test_tls_and_basic_auth(daemon, pki, tmp_path):  # noqa: F811
     res = status(f"https://{USER}:{PASSWORD}@{d.address}")
     assert res.returncode == 2 and PASSWORD not in res.stderr + res.stdout
     assert res.stderr.count("\n") == 1
+    # no URL: the daemon's own configuration says where it answers, and that it is TLS
+    pw.write_text(PASSWORD + "\n")
+    web = next(a for a in d.proc.args if a.endswith(".yml"))
+    cfg = tmp_path / "gpuwatch.toml"
+    cfg.write_text(f'listen = ":{d.address.rsplit(":", 1)[1]}"\nweb_config = "{web}"\n')
+    res = status("--config", str(cfg), "--user", USER, "--password-file", str(pw),
+                 "--cacert", ca)
+    assert res.returncode == 0, res.stderr
+    assert "GPU 0" in res.stdout
+
+
+def test_the_configured_listen_address_is_the_default_url(daemon, tmp_path):
+    d = daemon("--simulate", "steady")
+    cfg = tmp_path / "gpuwatch.toml"
+    cfg.write_text(f'listen = "{d.address}"\n')
+    res = subprocess.run([sys.executable, "-m", "gpuwatch", "status"], capture_output=True,
+                         text=True, env=child_env(GPUWATCH_CONFIG=str(cfg)), cwd=REPO,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "GPU 0" in res.stdout
+    cfg.write_text('listen = "nowhere"\n')
+    res = status("--config", str(cfg))
+    assert res.returncode == 2 and res.stderr.startswith("gpuwatch: --config:")
+    assert res.stderr.count("\n") == 1

@@ -95,7 +95,8 @@ class LeakConfig(Section, kw_only=True):
     early_horizon_seconds: PositiveFloat = 7200.0
     # Each process's series takes a sample at most this often, whatever the tick: the rate
     # the detector is tuned and benchmarked at. Faster ticks add nothing to its judgement
-    # but cost (8 GPUs x 64 processes at 1 s); 0 takes every tick.
+    # but cost (8 GPUs x 64 processes at 1 s); 0 takes every tick. Never thinner than a
+    # dozen samples per critical window and three per part of the early window.
     sample_interval_seconds: NonNegFloat = 3.0
     # Per process, follow the probe's allocator reserved bytes instead of NVML's figure.
     prefer_probe: bool = True

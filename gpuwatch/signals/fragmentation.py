@@ -133,11 +133,15 @@ def locate(tick: Tick) -> list[tuple[ProbeSample, GpuSample]]:
     process lists (a process on several GPUs: its devices in order against those GPUs in
     index order, as CUDA numbers them by default); else the only GPU of the host.
     """
+    if not tick.probes:
+        return []
     by_uuid = {g.uuid: g for g in tick.gpus}
+    wanted = {s.pid for s in tick.probes}  # a host has far more processes than probes
     hosts: dict[int, list[GpuSample]] = {}
     for g in tick.gpus:
         for p in g.processes:
-            hosts.setdefault(p.pid, []).append(g)
+            if p.pid in wanted:
+                hosts.setdefault(p.pid, []).append(g)
     devices: dict[int, list[int | None]] = {}
     for s in tick.probes:
         devices.setdefault(s.pid, []).append(s.device)
@@ -153,7 +157,7 @@ def locate(tick: Tick) -> list[tuple[ProbeSample, GpuSample]]:
                 mine = sorted(d for d in devices[s.pid] if d is not None)
                 if len(mine) == len(on) and s.device is not None:
                     gpu = on[mine.index(s.device)]
-            elif len(tick.gpus) == 1 and not hosts:
+            elif len(tick.gpus) == 1 and not any(g.processes for g in tick.gpus):
                 gpu = tick.gpus[0]  # NVML lists no processes here (e.g. no hostPID)
         if gpu is not None:
             out.append((s, gpu))

@@ -9,6 +9,7 @@ Pure: time comes from tick.t, state is bounded per series, output is determinist
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -87,6 +88,11 @@ class MemoryAnalyzer:
         self.cfg: SignalsConfig = signals if isinstance(signals, SignalsConfig) else SignalsConfig()
         self.table = table if table is not None else load_table()
         self.params = LeakParams.from_config(self.cfg.leak, self.table)
+        lc = self.cfg.leak
+        # thinned no further than the fast windows allow: a dozen samples in the critical
+        # window, three a part in the early one (shortened windows take every tick)
+        self._every = min(lc.sample_interval_seconds, lc.critical_window_seconds / 12,
+                          lc.early_window_seconds / (3 * lc.early_parts))
         self._procs: dict[tuple[str, int], _Proc] = {}
         self._gpus: dict[str, _Gpu] = {}
 
@@ -95,10 +101,9 @@ class MemoryAnalyzer:
     def update(self, tick: Tick, derived: Derived, conditions: Conditions) -> list[Event]:
         derived.threshold_table = dict(self.table.info)
         probes = self._probes(tick)
-        gpus_of_pid: dict[int, int] = {}
-        for gpu in tick.gpus:
-            for p in gpu.processes:
-                gpus_of_pid[p.pid] = gpus_of_pid.get(p.pid, 0) + 1
+        # a probe's pid on one GPU only (which device is which GPU is not known here)
+        gpus_of_pid = Counter(p.pid for gpu in tick.gpus for p in gpu.processes
+                              if p.pid in probes) if probes else {}
         events: list[Event] = []
         single = {pid: probe for pid, probe in probes.items() if gpus_of_pid.get(pid) == 1}
         for gpu in tick.gpus:
@@ -153,10 +158,19 @@ class MemoryAnalyzer:
         judged: list[float] = []  # the rates of the series judged leaking
         proc_events: list[Event] = []
         if leak_on:
+            states, every = self._procs, self._every
             for p in sorted(gpu.processes, key=_pid):
                 pid = p.pid
-                state, fed = self._proc_update(t, uuid, p, probes.get(pid), headroom,
-                                               of_pid(pools, pid))
+                state = states.get((uuid, pid))
+                # the common case, kept short: the same process, on NVML, between samples
+                if (state is not None and pid not in probes and state.source == "nvml"
+                        and p.create_time == state.create_time
+                        and p.used_memory_bytes is not None
+                        and t - state.last_fed + (t - state.last_seen) <= every):
+                    state.last_seen, fed = t, False
+                else:
+                    state, fed = self._proc_update(t, uuid, p, probes.get(pid), headroom,
+                                                   of_pid(pools, pid))
                 if state is not None and not fed:
                     # nothing it judges on moved: its signals and condition stand as they are
                     if state.rate is not None:
@@ -293,7 +307,7 @@ class MemoryAnalyzer:
             state.series.rebase()
         # skip a sample only while the next tick still comes within the interval: ticks
         # at or over it are all taken, faster ones thinned to about one per interval
-        elif t - state.last_fed + tick <= self.cfg.leak.sample_interval_seconds:
+        elif t - state.last_fed + tick <= self._every:
             return state, False
         state.last_fed = t
         floor = pool.floors.get(p.pid, 0.0) if pool is not None else 0.0

@@ -63,14 +63,18 @@ def report(recording, output, config_file, thresholds_file, no_actions, audit_fi
               help="File holding that user's password (else asked for on a terminal).")
 @click.option("--cacert", type=click.Path(dir_okay=False),
               help="CA certificate that signed the daemon's TLS certificate.")
-def status(url, watch, plain, user, password_file, cacert) -> None:
-    """One-screen summary of a running daemon (default http://127.0.0.1:PORT)."""
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              envvar="GPUWATCH_CONFIG",
+              help="The daemon's TOML configuration: URL from its listen address and TLS "
+                   "(also GPUWATCH_CONFIG).")
+def status(url, watch, plain, user, password_file, cacert, config_file) -> None:
+    """One-screen summary of a running daemon (default: the configured listen address on
+    this host, else http://127.0.0.1:PORT)."""
     import time
 
-    from gpuwatch.config import DEFAULT_PORT
     from gpuwatch.views import terminal
 
-    url = url or f"http://127.0.0.1:{DEFAULT_PORT}"
+    url = url or _local_url(config_file)
     try:
         terminal.check_url(url)
     except ValueError as exc:
@@ -131,3 +135,27 @@ def _rich_console():
     except ImportError:
         return None
     return Console(highlight=False)
+
+
+def _local_url(config_file: str | None) -> str:
+    """Where the daemon this configuration describes answers on this host."""
+    from gpuwatch import config as config_mod
+
+    try:
+        cfg = config_mod.load(config_file)
+        host, port = config_mod.parse_listen(cfg.listen)
+    except (config_mod.ConfigError, ValueError) as exc:
+        _fail(f"--config: {exc}")
+    tls = False
+    if cfg.web_config:
+        from gpuwatch import webconfig
+
+        try:
+            tls = webconfig.load(cfg.web_config).tls is not None
+        except webconfig.WebConfigError as exc:
+            _fail(f"web_config: {exc}")
+    # all interfaces: ask over loopback, in the family the daemon listens on
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
