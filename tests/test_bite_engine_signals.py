@@ -1,0 +1,155 @@
+"""Engine analyzer edges an operator relies on, each one a small slip in the code would move:
+rates over the engine's own scrape times, a day as the longest believable queue time, the
+forgetting horizon, what a down engine still reports, and the cap on series groups."""
+
+from __future__ import annotations
+
+import math
+
+from gpuwatch.engines.config import (
+    DiscoveryConfig,
+    EngineConfig,
+    KvCacheSignalConfig,
+    QueueSignalConfig,
+)
+from gpuwatch.model import EngineSample
+from tests.test_engine_analyzer import Run, config, vllm_text
+
+
+def test_preemption_rate_is_the_increase_over_the_seconds_between_scrapes():
+    run = Run()
+    run.scrape(0.0, vllm_text(0, 0, preempt=10))
+    run.scrape(10.0, vllm_text(0, 0, preempt=40))
+    assert run.state().preemption_rate_per_second == 3.0
+
+
+def test_windows_run_on_the_engine_scrape_time_not_the_tick_time():
+    # The scrape finished 4 s before the tick that carries it: the rate is per scrape second.
+    run = Run()
+    for tick_t, scrape_t, preempt in ((10.0, 6.0, 0), (20.0, 16.0, 50)):
+        run.tick(tick_t, EngineSample(name="e", url="u", t=scrape_t,
+                                      exposition=vllm_text(0, 0, preempt=preempt)))
+    st = run.state()
+    assert st.last_scrape == 16.0
+    assert st.preemption_rate_per_second == 5.0
+    # A sample without its own time (an older recording) is placed at the tick's.
+    run.tick(30.0, EngineSample(name="e", url="u", exposition=vllm_text(0, 0, preempt=50)))
+    assert run.state().last_scrape == 30.0
+    # Nor is a time that is not a number believed.
+    run.tick(40.0, EngineSample(name="e", url="u", t=math.nan,
+                                exposition=vllm_text(0, 0, preempt=50)))
+    assert run.state().last_scrape == 40.0
+
+
+def _histogram_text(bound: float, n: int = 100, start: float = 1000.0) -> str:
+    """vLLM queue-time histogram: n - 1 requests within `bound` (above 1 s), one beyond it,
+    so that p99 is `bound` exactly."""
+    lab = 'engine="0",model_name="m"'
+    rows = [(1.0, 0), (bound, n - 1 if n else 0), ("+Inf", n)]
+    lines = [f"process_start_time_seconds {start}",
+             f"vllm:num_requests_running{{{lab}}} 0",
+             f"vllm:num_requests_waiting{{{lab}}} 0"]
+    lines += [f'vllm:request_queue_time_seconds_bucket{{{lab},le="{b}"}} {c}' for b, c in rows]
+    lines += [f"vllm:request_queue_time_seconds_count{{{lab}}} {n}",
+              f"vllm:request_queue_time_seconds_sum{{{lab}}} 0"]
+    return "\n".join(lines) + "\n"
+
+
+def _p99(bound: float):
+    run = Run(config(queue=QueueSignalConfig(quantiles=[0.99], slo_quantile=0.99,
+                                             slo_seconds=1.0, min_requests=1)))
+    run.scrape(0.0, _histogram_text(bound, n=0))
+    run.scrape(10.0, _histogram_text(bound))
+    return run
+
+
+def test_a_queue_time_of_one_day_is_believed_and_more_is_not():
+    run = _p99(86400.0)
+    assert run.state().queue_latency_seconds == {"0.99": 86400.0}
+    assert [(e.signal, e.value) for e in run.events] == [("queue_latency", 86400.0)]
+    run = _p99(math.nextafter(86400.0, math.inf))
+    st = run.state()
+    assert st.queue_latency_seconds == {}
+    assert st.missing["queue_latency"] == (
+        "p99 of 8.64e+04s is beyond 86400s: the bucket bounds are not sane")
+    assert run.events == []  # nothing fires on a value gpuwatch does not believe
+
+
+def test_an_engine_silent_for_exactly_the_horizon_is_kept_and_then_forgotten():
+    run = Run(config(discovery=DiscoveryConfig(forget_after_seconds=60)))
+    run.scrape(0.0, vllm_text(1, 1), name="gone")
+    run.scrape(60.0, vllm_text(1, 1), name="other")
+    assert "gone" in run.derived.engines
+    run.scrape(60.5, vllm_text(1, 1), name="other")
+    assert "gone" not in run.derived.engines
+
+
+def test_a_down_engine_keeps_its_kind_and_answers_with_no_process():
+    run = Run()
+    run.scrape(0.0, vllm_text(1, 1))
+    assert (run.state().kind, run.state().replicas) == ("vllm", 1)
+    run.scrape(5.0, error="connection refused")
+    st = run.state()
+    assert not st.up
+    assert st.kind == "vllm"  # the engine's series keep their labels while it is down
+    assert st.replicas == 0
+    # Never read: a configured kind is shown, "auto" is not a kind.
+    run.scrape(0.0, error="connection refused", name="new", kind="auto")
+    assert run.state("new").kind == ""
+    run.scrape(0.0, error="connection refused", name="sg", kind="sglang")
+    assert run.state("sg").kind == "sglang"
+
+
+def test_the_down_reason_keeps_the_first_500_characters_of_a_hostile_error():
+    run = Run()
+    run.scrape(0.0, error="x" * 499 + "y" + "z" * 5000)
+    assert run.state().reason == "x" * 499 + "y"
+
+
+def test_an_invalid_hit_counter_gives_no_hit_ratio_and_no_wait_for_a_second_scrape():
+    # Queries are sane, every hit sample is NaN: the ratio cannot be had from this engine,
+    # however many scrapes come.
+    run = Run()
+    for t, q in ((0.0, 100), (10.0, 200), (20.0, 300)):
+        run.scrape(t, vllm_text(q, "NaN"))
+    st = run.state()
+    assert st.prefix_cache_queries_total == 300 and st.prefix_cache_hits_total is None
+    assert st.kv_cache_hit_ratio is None
+    assert "second scrape" not in st.missing["kv_cache_hit_ratio"]
+
+
+def test_series_groups_beyond_the_cap_are_counted_in_the_limit_message():
+    text = "".join(vllm_text(1, 1, engine=str(k)) for k in range(5))
+    run = Run(config(engines=[EngineConfig(name="e", url="http://127.0.0.1:1/metrics",
+                                           max_series_groups=2)]))
+    run.scrape(0.0, text)
+    st = run.state()
+    assert st.up and st.series_groups == 2
+    assert st.limit.startswith("3 series group(s) of this scrape refused")
+
+
+def test_hit_ratio_exactly_at_the_critical_floor_is_a_warning():
+    # 300 hits of 1000 queries: 0.3, at a 0.3 critical floor and under a 0.6 floor.
+    def severities(critical_floor):
+        run = Run(config(kv=KvCacheSignalConfig(floor=0.6, critical_floor=critical_floor,
+                                                min_queries=1)))
+        run.scrape(0.0, vllm_text(1000, 0))
+        run.scrape(10.0, vllm_text(2000, 300))
+        return [(e.severity, e.threshold) for e in run.events]
+
+    assert severities(0.3) == [("warning", 0.6)]
+    assert severities(math.nextafter(0.3, 1)) == [("critical", math.nextafter(0.3, 1))]
+
+
+def test_queue_time_exactly_at_the_critical_limit_is_a_warning():
+    # 20 requests in the (2, 5] bucket: p95 is 4.85 s, over a 1 s SLO.
+    def severities(critical):
+        run = Run(config(queue=QueueSignalConfig(slo_seconds=1.0, critical_seconds=critical,
+                                                 min_requests=1)))
+        run.scrape(0.0, vllm_text(0, 0))
+        run.scrape(10.0, vllm_text(0, 0, buckets=(0, 0, 0, 20, 20, 20), qsum=80.0))
+        return [(e.severity, e.threshold) for e in run.events]
+
+    p95 = 2 + 3 * 0.95
+    assert severities(p95) == [("warning", 1.0)]
+    assert severities(math.nextafter(p95, 0)) == [("critical", math.nextafter(p95, 0))]
