@@ -12,6 +12,7 @@ from gpuwatch.engines.config import (
     KvCacheSignalConfig,
     QueueSignalConfig,
 )
+from gpuwatch.engines.normalize import read
 from gpuwatch.model import EngineSample
 from tests.test_engine_analyzer import Run, config, vllm_text
 
@@ -65,8 +66,12 @@ def _p99(bound: float):
 
 def test_a_queue_time_of_one_day_is_believed_and_more_is_not():
     run = _p99(86400.0)
-    assert run.state().queue_latency_seconds == {"0.99": 86400.0}
-    assert [(e.signal, e.value) for e in run.events] == [("queue_latency", 86400.0)]
+    st = run.state()
+    assert st.queue_latency_seconds == {"0.99": 86400.0}
+    assert st.queue_requests_in_window == 100  # the one beyond every bound counts too
+    assert [(e.signal, e.value, e.message) for e in run.events] == [(
+        "queue_latency", 86400.0,
+        "engine e: p99 queue time 8.64e+04s over the last 300s exceeds 1s")]
     run = _p99(math.nextafter(86400.0, math.inf))
     st = run.state()
     assert st.queue_latency_seconds == {}
@@ -76,12 +81,23 @@ def test_a_queue_time_of_one_day_is_believed_and_more_is_not():
 
 
 def test_an_engine_silent_for_exactly_the_horizon_is_kept_and_then_forgotten():
-    run = Run(config(discovery=DiscoveryConfig(forget_after_seconds=60)))
+    run = Run(config(discovery=DiscoveryConfig(forget_after_seconds=60, down_after_failures=1)))
     run.scrape(0.0, vllm_text(1, 1), name="gone")
-    run.scrape(60.0, vllm_text(1, 1), name="other")
+    run.scrape(60.0, error="refused", name="other")
     assert "gone" in run.derived.engines
-    run.scrape(60.5, vllm_text(1, 1), name="other")
+    evs = run.scrape(60.5, error="refused", name="other")
     assert "gone" not in run.derived.engines
+    # Forgetting one engine leaves the others' conditions alone.
+    assert evs == [] and [e.engine for e in run.conditions.active.values()] == ["other"]
+
+
+def test_requests_beyond_every_bucket_bound_give_the_highest_finite_bound():
+    run = Run()
+    run.scrape(0.0, vllm_text(0, 0))
+    run.scrape(10.0, vllm_text(0, 0, buckets=(0, 0, 0, 0, 0, 5), qsum=500.0))
+    st = run.state()
+    assert st.queue_requests_in_window == 5
+    assert st.queue_latency_seconds == {"0.5": 10.0, "0.95": 10.0, "0.99": 10.0}
 
 
 def test_a_down_engine_keeps_its_kind_and_answers_with_no_process():
@@ -153,3 +169,64 @@ def test_queue_time_exactly_at_the_critical_limit_is_a_warning():
     p95 = 2 + 3 * 0.95
     assert severities(p95) == [("warning", 1.0)]
     assert severities(math.nextafter(p95, 0)) == [("critical", math.nextafter(p95, 0))]
+
+
+def test_one_query_in_the_window_is_enough_for_a_ratio_and_none_is_not():
+    # Reporting the ratio needs one query; judging it waits for min_queries.
+    run = Run()
+    run.scrape(0.0, vllm_text(1000, 500))
+    run.scrape(10.0, vllm_text(1001, 501))
+    st = run.state()
+    assert (st.kv_cache_hit_ratio, st.kv_cache_queries_in_window) == (1.0, 1.0)
+    run.scrape(20.0, vllm_text(1001, 501))
+    run.scrape(400.0, vllm_text(1001, 501))  # the window has slid past the last query
+    st = run.state()
+    assert st.kv_cache_hit_ratio is None
+    assert st.missing["kv_cache_hit_ratio"] == "no prefix-cache queries in the last 300s"
+
+
+def test_sub_second_queue_times_give_their_own_mean():
+    # 10 requests that queued 0.5 s in all: a mean of 50 ms, not rounded up to anything.
+    run = Run()
+    run.scrape(0.0, vllm_text(0, 0))
+    run.scrape(10.0, vllm_text(0, 0, buckets=(10, 10, 10, 10, 10, 10), qsum=0.5))
+    assert run.state().queue_latency_mean_seconds == 0.05
+
+
+def test_scrapes_one_second_apart_give_a_preemption_rate():
+    run = Run()
+    run.scrape(0.0, vllm_text(0, 0, preempt=0))
+    run.scrape(1.0, vllm_text(0, 0, preempt=5))
+    assert run.state().preemption_rate_per_second == 5.0
+
+
+def test_an_engine_shows_at_most_20_notes_whatever_its_reading_carries():
+    text = vllm_text(0, 0)
+    reading, why = read(text, "vllm")
+    reading.notes = [f"note {k}" for k in range(50)]
+    sample = EngineSample(name="e", url="u", t=0.0, exposition=text)
+    sample.reading = (reading, why)  # what the live source hands over, read off the loop
+    run = Run()
+    run.tick(0.0, sample)
+    assert run.state().notes == [f"note {k}" for k in range(20)]
+
+
+def test_a_scrape_recorded_twice_at_one_time_keeps_the_engine_up_without_a_rate():
+    run = Run()
+    run.scrape(0.0, vllm_text(0, 0, preempt=0))
+    run.scrape(0.0, vllm_text(0, 0, preempt=5))  # no time between them: no rate to give
+    st = run.state()
+    assert st.up and st.preemptions_total == 5
+    assert st.preemption_rate_per_second is None
+    assert st.prefix_cache_unit == "tokens"
+
+
+def test_one_failed_scrape_keeps_the_queue_verdict_and_engine_down_resolves_it():
+    run = Run(config(queue=QueueSignalConfig(slo_seconds=1.0, min_requests=1)))
+    run.scrape(0.0, vllm_text(0, 0))
+    run.scrape(10.0, vllm_text(0, 0, buckets=(0, 0, 0, 20, 20, 20), qsum=80.0))
+    assert [(e.signal, e.state) for e in run.events] == [("queue_latency", "firing")]
+    assert run.scrape(15.0, error="timeout") == []  # one failure (down after 2): unchanged
+    evs = run.scrape(20.0, error="timeout")
+    assert [(e.signal, e.state) for e in evs] == [
+        ("engine_down", "firing"), ("queue_latency", "resolved")]
