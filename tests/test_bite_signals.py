@@ -4,10 +4,18 @@ and the gap between NVML and the allocator is never invented."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
+from gpuwatch.events import Event
 from gpuwatch.model import GpuSample, ProbeSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
-from gpuwatch.signals.fragmentation import FragmentationAnalyzer
+from gpuwatch.signals.config import TimeToOomConfig
+from gpuwatch.signals.fragmentation import FragmentationAnalyzer, Limits, Measures, judge
+from gpuwatch.signals.oom import HorizonState, time_to_oom
+from gpuwatch.signals.zone import planned_bytes, pool_fraction
 from tests.test_leak import CRIT, GIB, MIB, feed, series
 
 
@@ -55,3 +63,75 @@ def test_memory_outside_the_allocator_is_reported_only_when_both_figures_are_kno
     assert _unattributed(3 * GIB, 2 * GIB) == 1 * GIB
     assert _unattributed(None, 2 * GIB) is None  # NVML gives no per-process figure
     assert _unattributed(3 * GIB, None) is None  # the probe gives no reserved bytes
+
+
+@pytest.mark.parametrize("fraction", ["1.5", "2", "-0.5"])
+def test_a_pool_fraction_outside_zero_to_one_is_not_believed(fraction):
+    engine = SimpleNamespace(kind="vllm", cache_config={"gpu_memory_utilization": fraction})
+    assert pool_fraction(engine, 0.9) == (0.9, "vLLM default gpu_memory_utilization")
+
+
+@pytest.mark.parametrize("total", [0, None])
+def test_a_gpu_of_unknown_size_plans_no_pool(total):
+    # Without the GPU's total memory no pool can be worked out: nothing is planned, and
+    # no note claims a pool.
+    gpu = GpuSample(index=0, uuid="GPU-z", name="NVIDIA A100-SXM4-80GB",
+                    memory_total_bytes=total, memory_used_bytes=70 * GIB,
+                    processes=[ProcessSample(pid=7, used_memory_bytes=60 * GIB)])
+    engines = {"vllm-0": SimpleNamespace(kind="vllm", pids=[7], cache_config={})}
+    assert planned_bytes(gpu, engines, 0.9) == (0.0, [])
+    gpu.memory_total_bytes = 80 * GIB
+    assert planned_bytes(gpu, engines, 0.9) == (60 * GIB, [
+        "zone: vllm-0 pre-allocates 0.9 of total (vLLM default gpu_memory_utilization): "
+        "60.0 GiB planned"])
+
+
+def test_memory_growing_by_less_than_a_byte_a_second_still_has_a_time_to_oom():
+    assert time_to_oom(1000.0, 0.5) == 2000.0
+
+
+def test_time_to_oom_exactly_at_a_horizon_or_its_exit_belongs_to_the_lower_level():
+    cfg = TimeToOomConfig(critical_seconds=1800.0, warning_seconds=7200.0, resolve_factor=1.2,
+                          hold_seconds=0.0)
+    crit_exit = cfg.critical_seconds * cfg.resolve_factor
+    warn_exit = cfg.warning_seconds * cfg.resolve_factor
+    h = HorizonState()
+    assert h.update(0, cfg.warning_seconds, True, cfg) == 0
+    assert h.update(1, cfg.critical_seconds, True, cfg) == 1
+    assert h.update(2, 100.0, True, cfg) == 2
+    assert h.update(3, crit_exit, True, cfg) == 1  # at the critical exit: out of critical
+    assert h.update(4, warn_exit, True, cfg) == 0  # at the warning exit: out of warning
+
+
+def test_exactly_64_mib_free_is_enough_to_judge_how_scattered_it_is():
+    m = Measures(fragmentation_ratio=0.1, largest_free_share=0.1, free_blocks_per_mb=0.1,
+                 total_free_bytes=64 * MIB, smallest_free_block_bytes=300 * MIB)
+    assert judge(m, Limits())[:2] == (1, "largest free block share")
+
+
+def _firing(key, message):
+    signal, uuid, pid, engine = key
+    return Event(t=1.0, signal=signal, state="firing", gpu_uuid=uuid, pid=pid, engine=engine,
+                 message=message)
+
+
+def test_retain_resolves_only_the_conditions_whose_subject_is_gone():
+    cond = Conditions()
+    a, b = ("engine_down", None, None, "a"), ("engine_down", None, None, "b")
+    fired_a = cond.set(1.0, _firing(a, "a down"), a)[0]
+    cond.set(1.0, _firing(b, "b down"), b)
+    (resolved,) = cond.retain(2.0, lambda key: key != a)
+    assert (resolved.state, resolved.engine, resolved.ref) == ("resolved", "a", fired_a.id)
+    assert list(cond.active) == [b]
+
+
+def test_amend_replaces_only_the_event_it_names():
+    cond = Conditions()
+    a, b = ("memory_leak", "GPU-0", 1, None), ("memory_leak", "GPU-0", 2, None)
+    (old,) = cond.set(1.0, _firing(a, "pid 1 leaks"), a)
+    cond.set(1.0, _firing(b, "pid 2 leaks"), b)
+    new = Event(t=1.0, signal="memory_leak", state="firing", gpu_uuid="GPU-0", pid=1,
+                message="pid 1 (pod p) leaks")
+    cond.amend(old, new)
+    assert cond.active[a] is new
+    assert cond.active[b].message == "pid 2 leaks"
