@@ -13,7 +13,14 @@ from gpuwatch.model import GpuSample, ProbeSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.config import TimeToOomConfig
-from gpuwatch.signals.fragmentation import FragmentationAnalyzer, Limits, Measures, judge
+from gpuwatch.signals.fragmentation import (
+    FragmentationAnalyzer,
+    Limits,
+    Measures,
+    judge,
+    locate,
+    measure,
+)
 from gpuwatch.signals.oom import HorizonState, time_to_oom
 from gpuwatch.signals.zone import planned_bytes, pool_fraction
 from tests.test_leak import CRIT, GIB, MIB, feed, series
@@ -135,3 +142,96 @@ def test_amend_replaces_only_the_event_it_names():
     cond.amend(old, new)
     assert cond.active[a] is new
     assert cond.active[b].message == "pid 2 leaks"
+
+
+def test_a_table_with_its_own_fragmentation_limits_is_judged_by_them():
+    # A table whose row differs from the built-in defaults (spec §4), and a host override.
+    table = SimpleNamespace(fragmentation=SimpleNamespace(fragmentation_ratio_max=0.2,
+                                                          consecutive_samples=5))
+    lim = Limits.resolve(table)
+    assert (lim.fragmentation_ratio_max, lim.consecutive_samples) == (0.2, 5)
+    assert lim.largest_free_share_min == Limits().largest_free_share_min  # not in the table
+    host = SimpleNamespace(consecutive_samples=2, fragmentation_ratio_max=None)
+    lim = Limits.resolve(table, host)
+    assert (lim.fragmentation_ratio_max, lim.consecutive_samples) == (0.2, 2)
+
+
+def test_a_probe_missing_a_figure_or_free_memory_gets_no_invented_ratio():
+    def probe(**kw):
+        base = dict(pid=7, reserved_bytes=GIB, inactive_split_bytes=GIB // 4,
+                    total_free_bytes=0, largest_free_block_bytes=0, free_blocks=0)
+        return ProbeSample(**{**base, **kw})
+
+    m = measure(probe())
+    assert m.fragmentation_ratio == 0.25
+    # nothing free: no share of it, and no division by zero
+    assert (m.largest_free_share, m.free_blocks_per_mb) == (None, None)
+    assert measure(probe(inactive_split_bytes=None)).fragmentation_ratio is None
+    assert measure(probe(reserved_bytes=None)).fragmentation_ratio is None
+    # an allocator that holds nothing is not fragmented
+    assert measure(probe(reserved_bytes=0, inactive_split_bytes=0)).fragmentation_ratio == 0.0
+
+
+def test_a_largest_free_block_of_exactly_60_percent_is_healthy():
+    m = Measures(fragmentation_ratio=0.1, largest_free_share=0.6, free_blocks_per_mb=0.1,
+                 total_free_bytes=GIB, smallest_free_block_bytes=300 * MIB)
+    assert judge(m, Limits())[0] == 0
+
+
+class _Frag:
+    """One probed process; each sample sets its free-memory shape."""
+
+    def __init__(self, **limits):
+        self.analyzer = FragmentationAnalyzer(Limits(consecutive_samples=1, **limits))
+        self.derived, self.conditions, self.t = Derived(), Conditions(), 0.0
+
+    def sample(self, largest_share=0.9, blocks_per_mib=0.1):
+        self.t += 5.0
+        free = 1024 * MIB
+        probe = ProbeSample(pid=7, t=self.t, create_time=1.0, reserved_bytes=8 * GIB,
+                            inactive_split_bytes=0, total_free_bytes=free,
+                            largest_free_block_bytes=int(largest_share * free),
+                            free_blocks=round(blocks_per_mib * 1024),
+                            smallest_free_block_bytes=300 * MIB)
+        gpu = GpuSample(index=0, uuid="GPU-f", name="NVIDIA A100-SXM4-80GB",
+                        memory_total_bytes=80 * GIB, memory_used_bytes=40 * GIB,
+                        processes=[ProcessSample(pid=7, create_time=1.0,
+                                                 used_memory_bytes=9 * GIB)])
+        return self.analyzer.update(Tick(t=self.t, gpus=[gpu], probes=[probe]), self.derived,
+                                    self.conditions)
+
+
+def test_an_episode_states_the_rule_that_fired_with_its_value_and_limit():
+    (ev,) = _Frag().sample(largest_share=0.5)
+    assert (ev.severity, ev.value, ev.threshold) == ("warning", 0.5, 0.6)
+    assert ev.message.startswith("pid 7: allocator fragmented (largest free block share 50% "
+                                 "against its limit 60%)")
+
+
+def test_free_blocks_per_mib_leave_their_episode_10_percent_under_the_limit():
+    run = _Frag()
+    assert [e.state for e in run.sample(blocks_per_mib=0.9)] == ["firing"]
+    assert run.sample(blocks_per_mib=0.75) == []  # under 0.8, not yet under 0.72: held
+    assert [e.state for e in run.sample(blocks_per_mib=0.7)] == ["resolved"]
+
+
+def test_a_largest_free_share_episode_ends_5_points_over_the_minimum():
+    run = _Frag()
+    assert [e.state for e in run.sample(largest_share=0.5)] == ["firing"]
+    assert run.sample(largest_share=0.62) == []  # healthy again, not yet past 0.65: held
+    assert [e.state for e in run.sample(largest_share=0.66)] == ["resolved"]
+    # With a minimum of 98 %, the exit cannot be above 100 %: one free block ends it.
+    run = _Frag(largest_free_share_min=0.98)
+    assert [e.state for e in run.sample(largest_share=0.9)] == ["firing"]
+    assert [e.state for e in run.sample(largest_share=1.0)] == ["resolved"]
+
+
+def test_a_process_on_two_gpus_whose_probe_names_one_device_is_not_placed_by_guess():
+    gpus = [GpuSample(index=i, uuid=f"GPU-{i}", memory_total_bytes=80 * GIB,
+                      processes=[ProcessSample(pid=7)]) for i in (0, 1)]
+    probes = [ProbeSample(pid=7, device=1, reserved_bytes=GIB),
+              ProbeSample(pid=7, device=None, reserved_bytes=GIB)]
+    assert locate(Tick(t=1.0, gpus=gpus, probes=probes)) == []
+    probes[1].device = 0  # both named: each record goes to its GPU in index order
+    assert [(p.device, g.uuid) for p, g in locate(Tick(t=1.0, gpus=gpus, probes=probes))] == [
+        (1, "GPU-1"), (0, "GPU-0")]
