@@ -11,8 +11,8 @@ import pytest
 from gpuwatch.events import Event
 from gpuwatch.model import GpuSample, ProbeSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
-from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.config import TimeToOomConfig
+from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.fragmentation import (
     FragmentationAnalyzer,
     Limits,
@@ -23,6 +23,7 @@ from gpuwatch.signals.fragmentation import (
 )
 from gpuwatch.signals.oom import HorizonState, time_to_oom
 from gpuwatch.signals.zone import planned_bytes, pool_fraction
+from tests.test_bite_zone_frag import FragRun
 from tests.test_leak import CRIT, GIB, MIB, feed, series
 
 
@@ -181,8 +182,9 @@ def test_a_largest_free_block_of_exactly_60_percent_is_healthy():
 class _Frag:
     """One probed process; each sample sets its free-memory shape."""
 
-    def __init__(self, **limits):
-        self.analyzer = FragmentationAnalyzer(Limits(consecutive_samples=1, **limits))
+    def __init__(self, analyzer=None, **limits):
+        self.analyzer = analyzer or FragmentationAnalyzer(Limits(consecutive_samples=1,
+                                                                 **limits))
         self.derived, self.conditions, self.t = Derived(), Conditions(), 0.0
 
     def sample(self, largest_share=0.9, blocks_per_mib=0.1):
@@ -232,6 +234,25 @@ def test_a_process_on_two_gpus_whose_probe_names_one_device_is_not_placed_by_gue
     probes = [ProbeSample(pid=7, device=1, reserved_bytes=GIB),
               ProbeSample(pid=7, device=None, reserved_bytes=GIB)]
     assert locate(Tick(t=1.0, gpus=gpus, probes=probes)) == []
+    # Two GPUs and no process lists at all (no host pid namespace): no GPU is guessed
+    # either; with one GPU there is nothing to guess.
+    bare = [GpuSample(index=i, uuid=f"GPU-{i}") for i in (0, 1)]
+    assert locate(Tick(t=1.0, gpus=bare, probes=probes[:1])) == []
+    assert [g.uuid for _, g in locate(Tick(t=1.0, gpus=bare[:1], probes=probes[:1]))] == [
+        "GPU-0"]
     probes[1].device = 0  # both named: each record goes to its GPU in index order
     assert [(p.device, g.uuid) for p, g in locate(Tick(t=1.0, gpus=gpus, probes=probes))] == [
         (1, "GPU-1"), (0, "GPU-0")]
+
+
+def test_fragmentation_is_judged_when_the_configuration_says_nothing_of_it():
+    table = SimpleNamespace(fragmentation=SimpleNamespace(consecutive_samples=1))
+    run = _Frag(FragmentationAnalyzer.from_config(SimpleNamespace(), table))
+    assert [e.signal for e in run.sample(largest_share=0.5)] == ["fragmentation"]
+
+
+def test_a_critical_episode_falls_to_the_highest_level_its_last_samples_keep():
+    run = FragRun()
+    assert [run.sample(x) for x in (2, 2, 2)] == [0, 0, 2]
+    # risk, healthy, risk: no longer critical, still a warning
+    assert [run.sample(x) for x in (1, 0, 1)] == [2, 2, 1]
