@@ -4,14 +4,16 @@ and the gap between NVML and the allocator is never invented."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
 
+from gpuwatch.config import load
 from gpuwatch.events import Event
 from gpuwatch.model import GpuSample, ProbeSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
-from gpuwatch.signals.config import TimeToOomConfig
+from gpuwatch.signals.config import LeakConfig, TimeToOomConfig
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.fragmentation import (
     FragmentationAnalyzer,
@@ -22,9 +24,15 @@ from gpuwatch.signals.fragmentation import (
     measure,
 )
 from gpuwatch.signals.oom import HorizonState, time_to_oom
+from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.signals.zone import planned_bytes, pool_fraction
+from gpuwatch.thresholds import load_table
 from tests.test_bite_zone_frag import FragRun
-from tests.test_leak import CRIT, GIB, MIB, feed, series
+from tests.test_leak import CRIT, GIB, MIB, T0, feed, series
+from tests.test_oom import BUDGET as OOM_BUDGET
+from tests.test_oom import run_leak
+from tests.test_zone import gpu as zone_gpu
+from tests.test_zone import zone_run
 
 
 def test_a_critical_leak_that_slows_to_a_crawl_is_no_longer_critical():
@@ -37,10 +45,13 @@ def test_a_critical_leak_that_slows_to_a_crawl_is_no_longer_critical():
 
     changes = feed(s, memory, slow + 600, dt=2.0)
     assert changes[0][1] == 2 and onset < changes[0][0] <= onset + 60
-    # the raw lower envelope's climb over the last 5 min falls under half the critical slope
+    # the raw lower envelope's climb over the exit window falls under half the critical
+    # slope once that window lies after the fast climb
+    c = LeakConfig()
     (t_exit, level), = changes[1:]
     assert level < 2
-    assert slow + 300 <= t_exit <= slow + 300 + 60
+    assert slow + c.critical_resolve_seconds <= t_exit
+    assert t_exit <= slow + c.critical_resolve_seconds + c.critical_window_seconds + 20
 
 
 def test_spikes_of_growing_size_over_a_flat_floor_are_not_a_critical_leak():
@@ -256,3 +267,45 @@ def test_a_critical_episode_falls_to_the_highest_level_its_last_samples_keep():
     assert [run.sample(x) for x in (2, 2, 2)] == [0, 0, 2]
     # risk, healthy, risk: no longer critical, still a warning
     assert [run.sample(x) for x in (1, 0, 1)] == [2, 2, 1]
+
+
+def test_time_to_oom_names_the_rate_in_mib_per_second_and_an_hour_horizon_in_hours():
+    cfg = load(None, environ={}, overrides={"signals": {"time_to_oom": {
+        "critical_seconds": 3600.0}}})
+    events, _ = run_leak(60 * MIB, 40 * GIB, 3600 + 150, cfg=cfg)
+    (first, *_) = [e for e in events if e.signal == "time_to_oom"]
+    assert first.message.endswith("(under the critical horizon of 1.0 h)")
+    rate = re.search(r" at ([0-9.]+) MiB/s ", first.message)
+    assert rate and 54 <= float(rate.group(1)) <= 66, first.message
+
+
+def test_no_time_to_oom_without_a_leak_even_close_to_the_budget():
+    # Memory that no process accounts for grows 5 MiB/min, under the warning slope, from
+    # 300 MiB under the budget: the memory zone says how full the GPU is; time to OOM
+    # speaks only of a leak.
+    pipeline = Pipeline(load(None, environ={}), load_table())
+    base = OOM_BUDGET - 800 * MIB
+    events = []
+    for i in range(1800):
+        el = i * 3.0
+        events += pipeline.update(Tick(t=T0 + el, gpus=[GpuSample(
+            index=0, uuid="GPU-0", name="NVIDIA A100-SXM4-80GB", memory_total_bytes=80 * GIB,
+            memory_used_bytes=int(base + 500 * MIB + 5 * MIB / 60 * el),
+            processes=[ProcessSample(pid=7, name="serve", used_memory_bytes=int(base),
+                                     create_time=T0 - 7200)])]))
+    assert pipeline.derived.gpus["GPU-0"].leak_rate_bytes_per_second > 0
+    assert [e for e in events if e.signal in ("memory_leak", "time_to_oom")] == []
+    assert pipeline.derived.gpus["GPU-0"].time_to_oom_severity == 0
+
+
+def test_a_disabled_zone_judges_nothing_even_in_the_red():
+    events, derived = zone_run([zone_gpu(75000 * MIB)] * 3, enabled=False)
+    assert events == [] and derived.gpus["GPU-0"].zone is None
+
+
+def test_a_slow_leak_with_room_reads_in_mib_per_minute_and_says_nothing_of_oom():
+    events, _ = run_leak(30 * MIB / 60, 10 * GIB, 3600 + 45 * 60)
+    (warning,) = [e for e in events if e.signal == "memory_leak"]
+    assert warning.severity == "warning" and "time to OOM" not in warning.message
+    rate = re.search(r"grows ([0-9.]+) MiB/min, at or above 10\.8 MiB/min", warning.message)
+    assert rate and 24 <= float(rate.group(1)) <= 36, warning.message
