@@ -23,12 +23,14 @@ from gpuwatch.signals.fragmentation import (
     locate,
     measure,
 )
+from gpuwatch.signals.memory import MemoryAnalyzer
 from gpuwatch.signals.oom import HorizonState, time_to_oom
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.signals.zone import planned_bytes, pool_fraction
 from gpuwatch.thresholds import load_table
 from tests.test_bite_zone_frag import FragRun
-from tests.test_leak import CRIT, GIB, MIB, T0, feed, series
+from tests.test_leak import CRIT, GIB, MIB, T0, WARN, feed, gpu_tick, series
+from tests.test_leak import run as run_ticks
 from tests.test_oom import BUDGET as OOM_BUDGET
 from tests.test_oom import run_leak
 from tests.test_zone import gpu as zone_gpu
@@ -275,6 +277,9 @@ def test_time_to_oom_names_the_rate_in_mib_per_second_and_an_hour_horizon_in_hou
     events, _ = run_leak(60 * MIB, 40 * GIB, 3600 + 150, cfg=cfg)
     (first, *_) = [e for e in events if e.signal == "time_to_oom"]
     assert first.message.endswith("(under the critical horizon of 1.0 h)")
+    # about 32 GiB of headroom at 60 MiB/s: nine minutes or so
+    minutes = re.search(r"budget in ([0-9]+) min at", first.message)
+    assert minutes and 5 <= int(minutes.group(1)) <= 10, first.message
     rate = re.search(r" at ([0-9.]+) MiB/s ", first.message)
     assert rate and 54 <= float(rate.group(1)) <= 66, first.message
 
@@ -309,3 +314,27 @@ def test_a_slow_leak_with_room_reads_in_mib_per_minute_and_says_nothing_of_oom()
     assert warning.severity == "warning" and "time to OOM" not in warning.message
     rate = re.search(r"grows ([0-9.]+) MiB/min, at or above 10\.8 MiB/min", warning.message)
     assert rate and 24 <= float(rate.group(1)) <= 36, warning.message
+
+
+def test_the_zone_follows_the_table_it_is_given(tmp_path):
+    site = tmp_path / "site.toml"
+    site.write_text('version = "2.3.1-site.1"\nextends = "2.3.1"\n'
+                    '[[rows]]\nid = "a100-80gb"\nwarning_above_mib = 50000\n')
+    used = 55000 * MIB  # safe by the shipped row, a warning by the site's
+    analyzer = MemoryAnalyzer(None, load_table(site))
+    derived, cond = Derived(), Conditions()
+    for i in range(3):
+        analyzer.update(Tick(t=T0 + 2 * i, gpus=[zone_gpu(used)]), derived, cond)
+    assert derived.gpus["GPU-0"].zone == 1
+    assert derived.threshold_table["version"] == "2.3.1-site.1"
+
+
+def test_with_prefer_probe_off_nvml_is_followed_even_where_a_probe_reports():
+    def make(el):
+        reserved = 8 * GIB + WARN * 2 * max(0.0, el - 3600.0)  # the probe sees growth
+        probe = ProbeSample(pid=11, t=T0 + el, reserved_bytes=int(reserved))
+        return gpu_tick(T0 + el, [(11, 9 * GIB, T0 - 3600)], probes=[probe])  # NVML flat
+
+    cfg = load(None, environ={}, overrides={"signals": {"leak": {"prefer_probe": False}}})
+    events = run_ticks(Pipeline(cfg, load_table()), make, 2.5 * 3600)
+    assert [e for e in events if e.signal == "memory_leak"] == []
