@@ -365,3 +365,15 @@ def test_an_idle_gpu_without_processes_leaks_nothing():
                     memory_total_bytes=80 * GIB, memory_used_bytes=600 * MIB)
     analyzer.update(Tick(t=T0, gpus=[gpu]), derived, Conditions())
     assert derived.gpus["GPU-0"].leak_rate_bytes_per_second == 0.0
+
+
+def test_a_leak_goes_on_through_samples_that_lack_the_create_time():
+    created = T0 - 3600
+
+    def make(el):
+        used = 8 * GIB + 64 * MIB * el
+        return gpu_tick(T0 + el, [(11, used, None if 80 <= el < 90 else created)])
+
+    events = run_ticks(Pipeline(load(None, environ={}), load_table()), make, 150, dt=2.0)
+    assert [(e.signal, e.state) for e in events if e.signal == "memory_leak"] == [
+        ("memory_leak", "firing")]
