@@ -312,7 +312,9 @@ def test_a_slow_leak_with_room_reads_in_mib_per_minute_and_says_nothing_of_oom()
     events, _ = run_leak(30 * MIB / 60, 10 * GIB, 3600 + 45 * 60)
     (warning,) = [e for e in events if e.signal == "memory_leak"]
     assert warning.severity == "warning" and "time to OOM" not in warning.message
-    rate = re.search(r"grows ([0-9.]+) MiB/min, at or above 10\.8 MiB/min", warning.message)
+    rate = re.fullmatch(r"pid 7 \(train\) on GPU 0: retained memory grows ([0-9.]+) MiB/min, "
+                        r"at or above 10\.8 MiB/min \(warning slope 12\.0 MiB/min less 10% "
+                        r"tolerance\)", warning.message)
     assert rate and 24 <= float(rate.group(1)) <= 36, warning.message
 
 
@@ -340,21 +342,31 @@ def test_with_prefer_probe_off_nvml_is_followed_even_where_a_probe_reports():
     assert [e for e in events if e.signal == "memory_leak"] == []
 
 
-def _probe_leak_events(probe_created_later_by: float):
+def _probe_leak_events(probe_created_later_by: float = 0.0, age: float = 0.0, devices=(0,)):
     created = T0 - 3600
 
     def make(el):
-        probe = ProbeSample(pid=11, t=T0 + el, reserved_bytes=int(8 * GIB + 64 * MIB * el),
-                            create_time=created + probe_created_later_by)
-        return gpu_tick(T0 + el, [(11, 9 * GIB, created)], probes=[probe])  # NVML flat
+        probes = [ProbeSample(pid=11, t=T0 + el - age, device=d,
+                              reserved_bytes=int(8 * GIB + 64 * MIB * el),
+                              create_time=created + probe_created_later_by) for d in devices]
+        return gpu_tick(T0 + el, [(11, 9 * GIB, created)], probes=probes)  # NVML flat
 
     events = run_ticks(Pipeline(load(None, environ={}), load_table()), make, 120, dt=2.0)
     return [e for e in events if e.signal == "memory_leak"]
 
 
+def test_a_probe_record_up_to_30_s_old_is_followed_and_an_older_one_is_not():
+    assert [e.severity for e in _probe_leak_events(age=30.0)] == ["critical"]
+    assert _probe_leak_events(age=30.5) == []
+    # a record for each of two devices: which GPU is which is not known here, NVML decides
+    assert _probe_leak_events(devices=(0, 1)) == []
+    assert [e.severity for e in _probe_leak_events(devices=(0, 0))] == ["critical"]
+
+
 def test_a_probe_is_the_same_process_within_a_second_of_its_create_time():
     (ev,) = _probe_leak_events(1.0)
     assert ev.severity == "critical" and "allocator reserved memory" in ev.message
+    assert ev.message.endswith("(critical slope 50.0 MiB/s less 10% tolerance)")
     # further apart: another process that once had this pid; NVML's flat figure is followed
     assert _probe_leak_events(1.5) == []
 
@@ -377,3 +389,31 @@ def test_a_leak_goes_on_through_samples_that_lack_the_create_time():
     events = run_ticks(Pipeline(load(None, environ={}), load_table()), make, 150, dt=2.0)
     assert [(e.signal, e.state) for e in events if e.signal == "memory_leak"] == [
         ("memory_leak", "firing")]
+
+
+def test_unplanned_memory_is_zero_when_the_pool_holds_it_all():
+    used = 0.8 * 80 * GIB
+    engines = {"vllm-0": SimpleNamespace(kind="vllm", pids=[100], cache_config={})}
+    events, derived = zone_run([zone_gpu(used, [(100, used)])] * 3, engines)
+    assert events == [] and derived.gpus["GPU-0"].unplanned_memory_bytes == 0.0
+    # the zone's notes are those of the last sample, not one more per sample
+    assert len(derived.gpus["GPU-0"].notes) == 1
+    # pools not recognised: all of it is unplanned
+    _, derived = zone_run([zone_gpu(used, [(100, used)])] * 3, engines, planned_pools=False)
+    assert derived.gpus["GPU-0"].unplanned_memory_bytes == used
+
+
+def _gpu_level_leak(process_ages):
+    # NVML gives no per-process figures: the GPU's own series is all there is.
+    def make(el):
+        procs = [(pid, None, T0 - age) for pid, age in enumerate(process_ages, 1)]
+        return gpu_tick(T0 + el, procs, used=8 * GIB + 64 * MIB * el)
+
+    events = run_ticks(Pipeline(load(None, environ={}), load_table()), make, 120, dt=2.0)
+    return [(e.severity, e.pid) for e in events if e.signal == "memory_leak"]
+
+
+def test_a_gpu_whose_processes_are_old_is_judged_at_once_and_a_young_one_waits():
+    assert _gpu_level_leak([7200, 3600]) == [("critical", None)]
+    # one process just started: the GPU is as young as it, its growth may be loading
+    assert _gpu_level_leak([7200, 0]) == []
