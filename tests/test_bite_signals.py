@@ -417,3 +417,42 @@ def test_a_gpu_whose_processes_are_old_is_judged_at_once_and_a_young_one_waits()
     assert _gpu_level_leak([7200, 3600]) == [("critical", None)]
     # one process just started: the GPU is as young as it, its growth may be loading
     assert _gpu_level_leak([7200, 0]) == []
+
+
+def test_a_gone_process_and_a_gone_gpu_are_kept_for_the_horizon_then_resolved():
+    created = T0 - 3600
+    gone_after = 100.0
+
+    def make(el):
+        gpus = [GpuSample(index=0, uuid="GPU-0", name="NVIDIA A100-SXM4-80GB",
+                          memory_total_bytes=80 * GIB, memory_used_bytes=int(40 * GIB),
+                          processes=[ProcessSample(pid=22, used_memory_bytes=5 * GIB,
+                                                   create_time=created)])]
+        if el < gone_after:
+            used = int(8 * GIB + 64 * MIB * el)
+            gpus[0].processes.append(ProcessSample(pid=11, create_time=created,
+                                                   used_memory_bytes=used))
+            gpus.append(GpuSample(index=1, uuid="GPU-1", name="NVIDIA A100-SXM4-80GB",
+                                  memory_total_bytes=80 * GIB,
+                                  memory_used_bytes=75000 * MIB))
+        return Tick(t=T0 + el, gpus=gpus)
+
+    pipeline = Pipeline(load(None, environ={}), load_table())
+    seen = [(e.t - T0, e.signal, e.state, e.pid, e.gpu_uuid)
+            for i in range(120) for e in pipeline.update(make(i * 2.0))
+            if e.signal in ("memory_leak", "memory_zone")]
+    firing = [s for s in seen if s[2] == "firing"]
+    assert {(s[1], s[3], s[4]) for s in firing} == {
+        ("memory_leak", 11, "GPU-0"), ("memory_zone", None, "GPU-1")}
+    assert all(s[0] < gone_after for s in firing)
+    # last seen at 98 s; forgotten once more than 60 s have passed: at 160 s, not 158 s
+    assert [s for s in seen if s[2] == "resolved"] == [
+        (160.0, "memory_leak", "resolved", 11, "GPU-0"),
+        (160.0, "memory_zone", "resolved", None, "GPU-1")]
+
+
+def test_the_zone_event_states_the_unplanned_memory_and_the_limit_in_mib():
+    events, _ = zone_run([zone_gpu(75000 * MIB)] * 3)
+    assert [e.message for e in events] == [
+        "GPU 0: 75000 MiB of unplanned memory is in the critical zone (above 73500 MiB, "
+        "calibrated row a100-80gb, table 2.3.1)"]
