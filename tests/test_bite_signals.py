@@ -29,7 +29,7 @@ from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.signals.zone import planned_bytes, pool_fraction
 from gpuwatch.thresholds import load_table
 from tests.test_bite_zone_frag import FragRun
-from tests.test_leak import CRIT, GIB, MIB, T0, WARN, feed, gpu_tick, series
+from tests.test_leak import CRIT, GIB, MIB, T0, WARN, feed, gpu_tick, saw, series
 from tests.test_leak import run as run_ticks
 from tests.test_oom import BUDGET as OOM_BUDGET
 from tests.test_oom import run_leak
@@ -456,3 +456,18 @@ def test_the_zone_event_states_the_unplanned_memory_and_the_limit_in_mib():
     assert [e.message for e in events] == [
         "GPU 0: 75000 MiB of unplanned memory is in the critical zone (above 73500 MiB, "
         "calibrated row a100-80gb, table 2.3.1)"]
+
+
+def test_a_slow_leak_that_pauses_for_18_minutes_is_still_one_episode():
+    # 40 MiB/min for 1.5 h, 18 min flat, then on again: the warning's exit is judged on the
+    # whole trend window as well as the recent one, so one quiet stretch does not end it.
+    s = series()
+    onset, pause_at, pause = 600.0, 6000.0, 1080.0
+
+    def memory(el):
+        grown = min(el, pause_at) - onset if el > onset else 0.0
+        grown += max(0.0, el - pause_at - pause)
+        return 20 * GIB + saw(el) + 40 * MIB / 60 * grown
+
+    changes = feed(s, memory, pause_at + pause + 3600)
+    assert [level for _, level in changes] == [1]
