@@ -43,7 +43,8 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
          "tests/test_oom.py", "tests/test_fragmentation.py", "tests/test_leak.py"]),
     "engine windows": (
         ["gpuwatch/engines/windows.py", "gpuwatch/signals/windows.py"],
-        ["tests/test_bite_windows.py", "tests/test_engine_windows.py",
+        ["tests/test_bite_windows.py", "tests/test_bite_engine_signals.py",
+         "tests/test_engine_windows.py",
          "tests/test_bite_engines.py",
          "tests/test_engine_analyzer.py"]),
     "engine analyzer": (

@@ -14,6 +14,7 @@ from gpuwatch.engines.config import (
 )
 from gpuwatch.engines.normalize import read
 from gpuwatch.model import EngineSample
+from gpuwatch.signals.windows import EngineCounters, Window
 from tests.test_engine_analyzer import Run, config, vllm_text
 
 
@@ -230,3 +231,21 @@ def test_one_failed_scrape_keeps_the_queue_verdict_and_engine_down_resolves_it()
     evs = run.scrape(20.0, error="timeout")
     assert [(e.signal, e.state) for e in evs] == [
         ("engine_down", "firing"), ("queue_latency", "resolved")]
+
+
+def test_two_snapshots_at_one_time_span_no_seconds_and_give_no_increase():
+    w = Window(300.0)
+    w.push(10.0, {"q": 1.0, "h": 1.0})
+    w.push(10.0, {"q": 5.0, "h": 2.0})
+    assert w.increase("q") is None and w.base(["q", "h"]) is None
+    w.push(12.0, {"q": 9.0, "h": 3.0})
+    assert w.increase("q") == (8.0, 2.0) and w.base(["q", "h"])[0] == 10.0
+
+
+def test_a_restarted_process_is_folded_after_exactly_expire_after_scrapes_without_it():
+    bank = EngineCounters(expire_after=3)
+    bank.update(100.0, {"g": {"q": 40.0}})
+    for n in (1, 2, 3):
+        bank.update(200.0, {"g": {"q": 5.0 * n}})  # restarted: counts from its own values
+        assert bank.totals() == {"q": 40.0 + 5.0 * n}  # the old process's count is kept
+        assert (100.0 in bank.banks) is (n < 3), n  # ... in its bank, then folded
