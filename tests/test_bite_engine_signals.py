@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from gpuwatch.engines.config import (
     DiscoveryConfig,
     EngineConfig,
@@ -18,11 +20,16 @@ from gpuwatch.signals.windows import EngineCounters, Window
 from tests.test_engine_analyzer import Run, config, vllm_text
 
 
-def test_preemption_rate_is_the_increase_over_the_seconds_between_scrapes():
+@pytest.mark.parametrize(("seconds", "before", "after", "rate"), [
+    (10.0, 10, 40, 3.0),
+    (1.0, 0, 5, 5.0),  # scrapes one second apart still give a rate
+])
+def test_preemption_rate_is_the_increase_over_the_seconds_between_scrapes(
+        seconds, before, after, rate):
     run = Run()
-    run.scrape(0.0, vllm_text(0, 0, preempt=10))
-    run.scrape(10.0, vllm_text(0, 0, preempt=40))
-    assert run.state().preemption_rate_per_second == 3.0
+    run.scrape(0.0, vllm_text(0, 0, preempt=before))
+    run.scrape(seconds, vllm_text(0, 0, preempt=after))
+    assert run.state().preemption_rate_per_second == rate
 
 
 def test_windows_run_on_the_engine_scrape_time_not_the_tick_time():
@@ -192,13 +199,6 @@ def test_sub_second_queue_times_give_their_own_mean():
     run.scrape(0.0, vllm_text(0, 0))
     run.scrape(10.0, vllm_text(0, 0, buckets=(10, 10, 10, 10, 10, 10), qsum=0.5))
     assert run.state().queue_latency_mean_seconds == 0.05
-
-
-def test_scrapes_one_second_apart_give_a_preemption_rate():
-    run = Run()
-    run.scrape(0.0, vllm_text(0, 0, preempt=0))
-    run.scrape(1.0, vllm_text(0, 0, preempt=5))
-    assert run.state().preemption_rate_per_second == 5.0
 
 
 def test_an_engine_shows_at_most_20_notes_whatever_its_reading_carries():
