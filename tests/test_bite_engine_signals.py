@@ -1,6 +1,8 @@
 """Engine analyzer edges an operator relies on, each one a small slip in the code would move:
-rates over the engine's own scrape times, a day as the longest believable queue time, the
-forgetting horizon, what a down engine still reports, and the cap on series groups."""
+rates over the engine's own scrape times, a day as the longest believable queue time,
+critical limits and the traffic a ratio needs, the forgetting horizon, what a down engine
+still reports, bounded reasons and notes, the cap on series groups, and the windows and
+counter banks under all of it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Memory signal edges an operator relies on, each one a small slip in the code would move:
-a critical leak that slows to a crawl ends, transient spikes of growing size are not a leak,
-and the gap between NVML and the allocator is never invented."""
+leak episodes that crawl, pause or only spike; zone, time-to-OOM and fragmentation limits
+and their exit bands; which probe record is believed; when gone processes and GPUs are
+forgotten; and the units and rules an event states. Nothing is invented where a figure is
+missing."""
 
 from __future__ import annotations
 
