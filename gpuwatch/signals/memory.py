@@ -296,6 +296,10 @@ class MemoryAnalyzer:
             started = p.create_time if p.create_time is not None else t
             state = _Proc(LeakSeries(self.params, min(started, t)), p.create_time, source, t)
             self._procs[key] = state
+        elif state.create_time is None:
+            # first seen without a start time (a /proc read that failed): the first one
+            # known is its own, so a later restart under this pid is still told apart
+            state.create_time = p.create_time
         tick = t - state.last_seen
         state.last_seen = t
         if value is None:
