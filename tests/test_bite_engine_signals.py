@@ -10,14 +10,10 @@ import math
 
 import pytest
 
-from gpuwatch.engines.config import (
-    DiscoveryConfig,
-    EngineConfig,
-    KvCacheSignalConfig,
-    QueueSignalConfig,
-)
-from gpuwatch.engines.normalize import read
+from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+from gpuwatch.exposition import read
 from gpuwatch.model import EngineSample
+from gpuwatch.signals.config import KvCacheSignalConfig, QueueSignalConfig
 from gpuwatch.signals.windows import EngineCounters, Window
 from tests.test_engine_analyzer import Run, config, vllm_text
 
