@@ -61,7 +61,7 @@ def time_calls(fn, n: int) -> list[float]:
 
 
 def parse_costs(n: int) -> dict:
-    from gpuwatch.engines.normalize import read
+    from gpuwatch.exposition import read
     from gpuwatch.model import EngineSample, Tick
     from gpuwatch.signals.conditions import Conditions
     from gpuwatch.signals.derived import Derived

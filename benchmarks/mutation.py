@@ -1,6 +1,7 @@
 """Mutation score of the core modules: how many small changes to the code the tests catch.
 
     python -m benchmarks.mutation [--per-target 30] [--seed 1] [--only NAME] [--json FILE]
+    python -m benchmarks.mutation --only signals --per-target 9999 --module PATH --list
 
 A small AST mutator (no dependency): each mutant changes one thing in one module, the way
 a slip of the keyboard would: a comparison flipped or loosened (`<` -> `<=`, `==` -> `!=`),
@@ -37,16 +38,19 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         ["gpuwatch/signals/leak.py", "gpuwatch/signals/zone.py", "gpuwatch/signals/oom.py",
          "gpuwatch/signals/fragmentation.py", "gpuwatch/signals/memory.py",
          "gpuwatch/signals/conditions.py"],
-        ["tests/test_bite_zone_frag.py", "tests/test_bite_leak_fast.py", "tests/test_zone.py",
+        ["tests/test_bite_signals.py", "tests/test_bite_zone_frag.py",
+         "tests/test_bite_leak_fast.py", "tests/test_zone.py",
          "tests/test_oom.py", "tests/test_fragmentation.py", "tests/test_leak.py"]),
     "engine windows": (
         ["gpuwatch/engines/windows.py", "gpuwatch/signals/windows.py"],
-        ["tests/test_bite_windows.py", "tests/test_engine_windows.py",
+        ["tests/test_bite_windows.py", "tests/test_bite_engine_signals.py",
+         "tests/test_engine_windows.py",
          "tests/test_bite_engines.py",
          "tests/test_engine_analyzer.py"]),
     "engine analyzer": (
         ["gpuwatch/engines/analyzer.py", "gpuwatch/signals/engine.py"],
-        ["tests/test_bite_engines.py", "tests/test_engine_analyzer.py"]),
+        ["tests/test_bite_engine_signals.py", "tests/test_bite_engines.py",
+         "tests/test_engine_analyzer.py"]),
     "guardrails": (
         ["gpuwatch/remediation/guardrails.py"],
         ["tests/test_bite_guardrails.py", "tests/test_remediation_remediator.py"]),
@@ -182,6 +186,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=180)
     ap.add_argument("--json")
+    ap.add_argument("--module", action="append",
+                    help="run only the sampled mutants of this module (repeatable); the "
+                         "sample itself stays that of the whole target")
+    ap.add_argument("--list", action="store_true",
+                    help="print the selected mutants and exit, without running them")
     args = ap.parse_args()
     plan: list[tuple[str, Mutant, list[str]]] = []
     population: dict[str, int] = {}
@@ -195,7 +204,12 @@ def main() -> None:
         # One generator per target: a target's sample does not depend on the others run.
         rng = random.Random(f"{args.seed}-{name}")
         for mut in rng.sample(every, min(args.per_target, len(every))):
-            plan.append((name, mut, tests))
+            if not args.module or mut.path in args.module:
+                plan.append((name, mut, tests))
+    if args.list:
+        for name, m, _ in sorted(plan, key=lambda x: (x[1].path, x[1].line, x[1].index)):
+            print(f"{name:>16}  {m.path}:{m.line}  {m.what}  (#{m.index})")
+        return
     results: dict[str, list[dict]] = {name: [] for name in population}
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from gpuwatch.config import load
-from gpuwatch.engines.normalize import compact
+from gpuwatch.exposition import compact
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.recording import Recorder
 from gpuwatch.replay import iter_events

@@ -81,7 +81,7 @@ def _fetch(url: str, headers: dict[str, str], timeout: float) -> str:
 
 
 def check_engines(cfg: Config) -> Iterator[Finding]:
-    from gpuwatch.engines.detect import describe_unrecognized, detect_kind
+    from gpuwatch.exposition.detect import describe_unrecognized, detect_kind
 
     if not cfg.engines:
         yield Finding("ok" if cfg.discovery.enabled else "warn", "engines",

@@ -100,3 +100,14 @@ SECTIONS = ["nvml", "thresholds", "http", "probe", "remediation", "webhook", "di
 def test_unknown_keys_are_refused_in_every_section(tmp_path, section):
     with pytest.raises(ConfigError, match=rf"{section}\.no_such_key: unknown key"):
         load_text(tmp_path, f"[{section}]\nno_such_key = 1\n")
+
+
+@pytest.mark.parametrize("listen", ["::9400", "fe80::1"])
+def test_an_unbracketed_ipv6_listen_address_is_told_to_use_brackets(tmp_path, listen):
+    with pytest.raises(ConfigError, match=r"an IPv6 address goes in brackets"):
+        load_text(tmp_path, f'listen = "{listen}"\n')
+
+
+def test_a_port_that_is_not_a_number_is_told_so(tmp_path):
+    with pytest.raises(ConfigError, match=r"port 'http' in 'host:http' is not a number"):
+        load_text(tmp_path, 'listen = "host:http"\n')

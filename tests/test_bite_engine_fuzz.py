@@ -18,7 +18,7 @@ except ImportError:
 
 
 def test_the_fuzz_check_sees_an_analyzer_that_raises(monkeypatch):
-    from gpuwatch.engines.normalize import common
+    from gpuwatch.exposition import common
 
     def boom(*a, **kw):
         raise ZeroDivisionError("planted")

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from gpuwatch.engines.config import KvCacheSignalConfig, QueueSignalConfig
-from gpuwatch.engines.normalize import read
+from gpuwatch.exposition import read
+from gpuwatch.signals.config import KvCacheSignalConfig, QueueSignalConfig
 from tests.test_engine_analyzer import Run, config, vllm_text
 
 

@@ -87,3 +87,17 @@ def test_pruning_keeps_keys_in_cooldown_and_bounds_the_table():
     for i in range(MAX_KEYS + 10):
         run(g2, "signal", f"k-{i}")
     assert all(g2.check("signal", f"k-{i}") for i in (0, MAX_KEYS // 2, MAX_KEYS + 9))
+
+
+def test_a_reserved_action_blocks_its_twin_until_it_finishes_even_with_a_short_cooldown():
+    now = [1000.0]
+    g = make(now, cooldown_seconds=0.5)
+    g.admit("flush", "a")
+    assert g.check("flush", "a") == ("skipped_cooldown", "flush on a is about to run")
+    # it finished without running (refused further on): no cooldown, nothing pending
+    g.finish("flush", "a")
+    assert g.check("flush", "a") is None
+    # without a cooldown, twins may run side by side
+    g = make(now, cooldown_seconds=0.0)
+    g.admit("flush", "a")
+    assert g.check("flush", "a") is None

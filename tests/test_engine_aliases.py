@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.engines import aliases
-from gpuwatch.engines.normalize import MODULES, compact, read
-from gpuwatch.engines.parse import SUFFIXES
+from gpuwatch.exposition import MODULES, aliases, compact, read
+from gpuwatch.exposition.parse import SUFFIXES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 # fixtures whose name carries the engine version: <kind>-<version>-....prom
@@ -125,7 +124,9 @@ def test_the_removed_check_can_fail():
 def test_unread_families_are_listed_and_bounded():
     body = (FIXTURES / "vllm-0.33.0-statlogger.prom").read_text()
     r, _ = read(body)
-    assert "vllm:engine_sleep_state" in r.unread_families
+    assert "vllm:num_requests_waiting_by_reason" not in r.unread_families
+    assert "vllm:estimated_flops_per_gpu" in r.unread_families
+    assert "vllm:engine_sleep_state" not in r.unread_families  # read since: a memory fact
     assert "vllm:time_to_first_token_seconds" not in r.unread_families
     assert "vllm:kv_cache_usage_perc" not in r.unread_families
     assert read(compact(body))[0].unread_families == r.unread_families

@@ -9,14 +9,10 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from gpuwatch.engines.config import (
-    DiscoveryConfig,
-    EngineConfig,
-    KvCacheSignalConfig,
-    QueueSignalConfig,
-)
+from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
 from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
+from gpuwatch.signals.config import KvCacheSignalConfig, QueueSignalConfig
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.engine import EngineAnalyzer
 
@@ -103,7 +99,9 @@ def test_vllm_fixtures_give_the_windowed_signals():
     # V1 <= 0.8, two data-parallel cores: (350-100 + 450-200) / (900-400 + 1100-600)
     ("vllm-0.8-v1-dp2.prom", "vllm-0.8-v1-dp2-later.prom", 500 / 1000, None, 17.6 / 4),
     ("sglang.prom", "sglang-later.prom", 12000 / 30000, None, (24.4 - 4.6) / 10),
-    ("llamacpp.prom", "llamacpp-later.prom", (654321 - 4000) / (1888891 - 16000), None, None),
+    # a real llama-server under load, then after it: cached / (processed + cached) prompt
+    ("llamacpp-0.3.36-real-load.prom", "llamacpp-0.3.36-real-after.prom",
+     (252 - 72) / (48 + 252 - 28 - 72), None, None),
     ("tgi.prom", "tgi-later.prom", None, None, (54.83 - 3.54) / 20),
     ("triton-trtllm.prom", "triton-trtllm-later.prom", None, None, 6.0 / 60),
 ])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.engines.normalize import compact, read
+from gpuwatch.exposition import compact, read
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "engines").glob("*.prom"))
 

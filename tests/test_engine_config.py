@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuwatch import config
-from gpuwatch.engines.config import (
-    DEFAULT_MAX_BODY_BYTES,
-    EngineConfig,
-    KvCacheSignalConfig,
-    QueueSignalConfig,
-)
+from gpuwatch.engines.config import DEFAULT_MAX_BODY_BYTES, EngineConfig
+from gpuwatch.signals.config import KvCacheSignalConfig, QueueSignalConfig
 
 
 def load(tmp_path, toml: str):

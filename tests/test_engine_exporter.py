@@ -26,7 +26,7 @@ PAIRS = {
     "vllm07": ("vllm-0.7-v0.prom", "vllm-0.7-v0.prom"),
     "sglang": ("sglang.prom", "sglang-later.prom"),
     "tgi": ("tgi.prom", "tgi-later.prom"),
-    "llama": ("llamacpp.prom", "llamacpp-later.prom"),
+    "llama": ("llamacpp-0.3.36-real-load.prom", "llamacpp-0.3.36-real-after.prom"),
     "triton": ("triton-trtllm.prom", "triton-trtllm-later.prom"),
 }
 
@@ -99,6 +99,12 @@ def test_every_engine_has_the_same_names_where_it_has_the_signal():
     # the engine to GPU join
     assert value("gpuwatch_engine_gpu_info", "vllm", gpu="3", uuid="GPU-x") == 1
     assert value("gpuwatch_engine_info", "vllm08", generation="v1-legacy") == 1
+    # memory facts: sleep state where the engine says, KV pool in tokens
+    assert value("gpuwatch_engine_sleep_level", "vllm") == 0
+    assert value("gpuwatch_engine_sleep_level", "vllm08") is None
+    assert value("gpuwatch_engine_kv_cache_pool_tokens", "vllm08") == 224000
+    assert value("gpuwatch_engine_kv_cache_pool_tokens", "sglang") == 161721
+    assert value("gpuwatch_engine_kv_cache_pool_tokens", "tgi") is None
     # labels: engine, kind, model
     labels, _ = got[("gpuwatch_engine_up", "sglang")][0]
     assert labels == {"engine": "sglang", "kind": "sglang",

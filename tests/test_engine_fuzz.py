@@ -11,13 +11,12 @@ from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from gpuwatch.engines.normalize import read
-from gpuwatch.engines.state import EngineState
 from gpuwatch.exporter.families import engines as engine_family
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.exposition import read
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.signals.conditions import Conditions
-from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.derived import Derived, EngineState
 from gpuwatch.signals.engine import EngineAnalyzer
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "engines").glob("*.prom"))
@@ -150,7 +149,7 @@ LABEL_TEXT = st.text(alphabet=st.sampled_from('ab_:09{}",=\\ \t+é.-'), max_size
 def test_the_fast_label_reader_agrees_with_the_prometheus_parser(name, body):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from gpuwatch.engines.parse import _label_key, _plain_series
+    from gpuwatch.exposition.parse import _label_key, _plain_series
 
     series = f"{name}{{{body}}}"
     fast = _plain_series(series)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.engines.detect import detect_kind
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.normalize import read
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition import read
+from gpuwatch.exposition.detect import detect_kind
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -47,7 +47,7 @@ def test_every_fixture_names_its_origin():
     ("vllm-0.7-v0.prom", "vllm"),
     ("sglang.prom", "sglang"),
     ("tgi.prom", "tgi"),
-    ("llamacpp.prom", "llamacpp"),
+    ("llamacpp-0.3.36-real-load.prom", "llamacpp"),
     ("triton-trtllm.prom", "triton"),
 ])
 def test_auto_detects_the_engine(name, kind):
@@ -156,23 +156,31 @@ def test_tgi_summary_gives_only_the_mean():
 
 
 def test_llamacpp():
-    r = reading("llamacpp.prom")
-    assert (r.requests_running, r.requests_waiting) == (2, 1)
+    r = reading("llamacpp-0.3.36-real-load.prom")  # a real llama-server, 2 slots, 6 clients
+    assert (r.requests_running, r.requests_waiting) == (2, 4)
     assert r.kv_cache_usage_ratio is None
     assert "removed" in r.missing[c.KV_USAGE]
-    # prompt_tokens_total excludes cached tokens: queries = 12000 + 4000
-    assert totals(r, c.PREFIX_QUERIES) == 16000 and totals(r, c.PREFIX_HITS) == 4000
+    # prompt_tokens_total excludes cached tokens: queries = 28 + 72
+    assert totals(r, c.PREFIX_QUERIES) == 100 and totals(r, c.PREFIX_HITS) == 72
     assert c.QUEUE_LATENCY in r.missing and r.queue_bounds == ()
+    idle = reading("llamacpp-0.3.36-real-idle.prom")
+    assert (idle.requests_running, idle.requests_waiting) == (0, 0)
+    assert totals(idle, c.PREFIX_QUERIES) == 0
 
 
 def test_llamacpp_exponent_values_and_old_kv_gauge():
-    r = reading("llamacpp-later.prom")
-    assert totals(r, c.PREFIX_QUERIES) == 1234570 + 654321  # "1.23457e+06" as printed
-    old = fixture("llamacpp.prom") + (
+    real = fixture("llamacpp-0.3.36-real-load.prom")
+    # the server prints with C++ stream defaults (6 significant digits): a busy one writes
+    # its counters in exponent form
+    busy = real.replace("llamacpp:prompt_tokens_total 28\n",
+                        "llamacpp:prompt_tokens_total 1.23457e+06\n")
+    assert busy != real
+    assert totals(read(busy)[0], c.PREFIX_QUERIES) == 1234570 + 72
+    old = real + (
         "# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.\n"
         "# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio 0.25\n")
     assert read(old)[0].kv_cache_usage_ratio == 0.25
-    without = "\n".join(x for x in fixture("llamacpp.prom").splitlines() if "cached" not in x)
+    without = "\n".join(x for x in real.splitlines() if "cached" not in x)
     r2, _ = read(without)
     assert not r2.has_counter(c.PREFIX_QUERIES) and c.KV_HIT_RATIO in r2.missing
 
@@ -258,7 +266,10 @@ def test_crlf_line_endings():
 
 
 def test_the_series_cache_stays_bounded_under_churn_and_long_labels():
-    from gpuwatch.engines import parse as p
+    import importlib
+
+    # the package's `parse` is the function; the module holds the cache
+    p = importlib.import_module("gpuwatch.exposition.parse")
 
     long_value = "x" * 5000
     read(f'vllm:num_requests_running{{engine="0",model_name="{long_value}"}} 1\n')

@@ -172,7 +172,7 @@ def test_triton_gives_a_mean_e2e_latency_and_an_error_ratio_from_the_real_server
 
 
 def test_an_engine_without_slis_exports_none_and_says_why_in_api_state():
-    derived = run(text("llamacpp.prom"), text("llamacpp-later.prom"))
+    derived = run(text("llamacpp-0.3.36-real-load.prom"), text("llamacpp-0.3.36-real-after.prom"))
     got = exported(derived)
     for name in ("gpuwatch_engine_time_to_first_token_seconds",
                  "gpuwatch_engine_e2e_request_latency_mean_seconds",
@@ -180,8 +180,8 @@ def test_an_engine_without_slis_exports_none_and_says_why_in_api_state():
                  "gpuwatch_engine_request_error_ratio"):
         assert name not in got
     # llama.cpp counts processed and cached prompt tokens apart: both are prompt tokens
-    assert got["gpuwatch_engine_prompt_tokens_total"][0][1] == 1234570 + 654321
-    assert got["gpuwatch_engine_generation_tokens_total"][0][1] == 25000
+    assert got["gpuwatch_engine_prompt_tokens_total"][0][1] == 48 + 252
+    assert got["gpuwatch_engine_generation_tokens_total"][0][1] == 3840
     eng = state_document(Snapshot(derived=derived))["signals"]["engines"]["e"]
     assert "llamacpp exposes no time to first token" in eng["missing"]["ttft"]
     assert isinstance(eng["unread_families"], list)
@@ -206,7 +206,10 @@ def test_waiting_by_reason_and_engine_down_clears_the_slis():
     st = derived.engines["e"]
     assert not st.up and st.sli_quantiles_seconds == {} and st.prompt_tokens_total is None
     assert st.missing["ttft"] == "engine down"
-    assert not {k for k in exported(derived) if "token" in k or "finished" in k}
+    got = exported(derived)
+    assert not {k for k in got if ("token" in k or "finished" in k) and "pool" not in k}
+    # the pool it planned is still held while its endpoint is down (a memory fact)
+    assert got["gpuwatch_engine_kv_cache_pool_tokens"][0][1] == 432000
 
 
 def test_hostile_reasons_are_bounded():
@@ -247,7 +250,9 @@ def test_a_real_vllm_server_under_load_moves_the_slis(idle):
     assert sum(st.requests_finished_total.values()) > 0
     assert st.request_error_ratio == 0.0
     assert st.requests_waiting_by_reason.keys() >= {"capacity"}
-    assert "vllm:engine_sleep_state" in st.unread_families
+    # read for the memory model now, and the new families of 0.32 are listed
+    assert "vllm:engine_sleep_state" not in st.unread_families and st.sleep_level == 0
+    assert "vllm:estimated_flops_per_gpu" in st.unread_families
 
 
 def test_the_real_llamacpp_server_counts_tokens_and_has_no_latency_slis():
@@ -266,3 +271,34 @@ def test_the_real_llamacpp_server_counts_tokens_and_has_no_latency_slis():
     assert st.sli_quantiles_seconds == {} and st.sli_mean_seconds == {}
     assert "no time to first token" in st.missing["ttft"]
     assert "llamacpp:n_decode" in st.unread_families
+
+
+def test_tgi_e2e_and_per_request_tpot_from_its_router_histograms():
+    """TGI (router/src/server.rs): e2e and mean time per token histograms, tokens as the
+    _sum of per-request histograms, failures by err; no time to first token."""
+    first, later = text("tgi.prom"), text("tgi-later.prom")
+    derived = run(first, later)
+    st = derived.engines["e"]
+    assert st.up, st.reason
+    assert st.sli_source == {"e2e": "tgi_request_duration",
+                             "itl": "tgi_request_mean_time_per_token_duration (per-request TPOT)"}
+    # the window: 10 requests of 1.2 s, 6 of 3.5 s, 4 of 20 s. p50: the 10th of 20 is the
+    # last in (1.122, 1.683], p95: the 19th in (19.18, 28.76], 3 of its 4
+    e2e = st.sli_quantiles_seconds["e2e"]
+    bounds, c0 = buckets(first, "tgi_request_duration")
+    _, c1 = buckets(later, "tgi_request_duration")
+    deltas = [b - a for a, b in zip(c0, c1, strict=True)]
+    assert deltas[-1] == 20
+    assert e2e["0.5"] == pytest.approx(bounds[23]) and 1.12 < bounds[23] < 1.69
+    assert e2e["0.95"] == pytest.approx(bounds[29] + (bounds[30] - bounds[29]) * 3 / 4)
+    assert 19 < e2e["0.95"] < 29
+    # per-request TPOT, 0.02 s for half of the window's requests
+    assert 0.0194 < st.sli_quantiles_seconds["itl"]["0.5"] <= 0.0292
+    assert "ttft" not in st.sli_quantiles_seconds
+    assert st.missing["ttft"] == "tgi exposes no time to first token metric"
+    # cumulative token totals: the sums of the per-request histograms
+    assert st.prompt_tokens_total == 20 * 300 + 14 * 900 + 2 * 2000 + 4 * 3000
+    assert st.generation_tokens_total == 20 * 60 + 14 * 120 + 2 * 180 + 4 * 250
+    # 20 successes and one generation error in the window
+    assert st.requests_finished_total == {"ok": 40, "error": 2}
+    assert st.request_error_ratio == pytest.approx(1 / 21)

@@ -16,8 +16,8 @@ from aiohttp import web
 
 from gpuwatch.engines import discovery
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
-from gpuwatch.engines.normalize import compact, read
 from gpuwatch.engines.urls import engine_from_url, engines_from_urls, normalize_url
+from gpuwatch.exposition import compact, read
 from gpuwatch.sources.engines import EngineSource, engines_from_flags, redact, scrape
 
 VLLM = (Path(__file__).parent / "fixtures" / "engines" / "vllm-0.33.0-statlogger.prom").read_text()

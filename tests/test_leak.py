@@ -543,3 +543,16 @@ def test_shortened_windows_are_not_thinned_below_what_they_need():
     pipeline = Pipeline(cfg, load_table())
     run(pipeline, lambda el: gpu_tick(T0 + el, [(11, 20 * GIB, T0 - 3600)]), 60, dt=1.0)
     assert {round(b - a, 3) for a, b in itertools.pairwise(_fed(pipeline, 11))} == {1.0}
+
+
+def test_a_start_time_learnt_late_still_tells_a_restart_apart():
+    pipeline = Pipeline(Config(), load_table())
+    # first samples without a start time, then with one, then another process on that pid
+    for k in range(5):
+        pipeline.update(gpu_tick(T0 + 3 * k, [(11, 20 * GIB, None)]))
+    for k in range(5, 10):
+        pipeline.update(gpu_tick(T0 + 3 * k, [(11, 20 * GIB, T0 - 3600)]))
+    first = pipeline.analyzers[1]._procs[("GPU-0", 11)]
+    pipeline.update(gpu_tick(T0 + 30, [(11, 5 * GIB, T0 + 29)]))
+    again = pipeline.analyzers[1]._procs[("GPU-0", 11)]
+    assert again is not first and again.create_time == T0 + 29

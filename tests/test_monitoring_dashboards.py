@@ -48,7 +48,7 @@ def test_committed_dashboards_match_the_generator(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(UIDS)
     for name in UIDS:
         assert (DASH_DIR / name).read_text() == (out / name).read_text(), (
-            f"dashboards/{name} drifted from gpuwatch/monitoring/dashboards.py: run "
+            f"dashboards/{name} drifted from gpuwatch/monitoring/dashboards/: run "
             "`gpuwatch dashboards` and commit the result"
         )
 

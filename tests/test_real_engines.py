@@ -68,6 +68,11 @@ def test_vllm_is_scraped_and_recognised(vllm, daemon):
     st = engine(d, "vllm-0")
     assert st["kind"] == "vllm" and st["generation"] == "v1" and st["model"] == "tiny-llama"
     assert st["cache_config"].get("block_size")  # read from vllm:cache_config_info
+    # memory facts: awake, and its KV pool of --num-gpu-blocks-override blocks
+    pool = int(st["cache_config"]["num_gpu_blocks"]) * int(st["cache_config"]["block_size"])
+    assert st["sleep_level"] == 0 and st["kv_pool_tokens"] == pool > 0
+    assert series(d, "gpuwatch_engine_sleep_level", engine="vllm-0") == [0.0]
+    assert series(d, "gpuwatch_engine_kv_cache_pool_tokens", engine="vllm-0") == [pool]
 
 
 def test_vllm_is_discovered_from_its_process(vllm, daemon):

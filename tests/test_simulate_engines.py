@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwatch.engines.normalize import read
+from gpuwatch.exposition import read
 from gpuwatch.model import Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from gpuwatch.config import load
-from gpuwatch.engines.state import EngineState
 from gpuwatch.model import GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
-from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.derived import Derived, EngineState
 from gpuwatch.signals.memory import MemoryAnalyzer
 from gpuwatch.signals.zone import ZoneState, planned_bytes, pool_fraction
 from gpuwatch.thresholds import load_table

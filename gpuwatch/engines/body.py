@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 
 from gpuwatch.engines.config import DEFAULT_MAX_SERIES, DEFAULT_MAX_SERIES_GROUPS
-from gpuwatch.engines.normalize import Reading, compact, read
+from gpuwatch.exposition import Reading, compact, read
 
 EXCERPT_CHARS = 80
 

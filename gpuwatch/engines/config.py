@@ -1,4 +1,5 @@
-"""Configuration of engine endpoints, discovery and the engine signals."""
+"""Configuration of engine endpoints and discovery (the engine signals' own settings, kv_cache
+and queue, live with the other signals in gpuwatch.signals.config)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from urllib.parse import urlsplit
 import msgspec
 
 from gpuwatch.redact import mask_url
+from gpuwatch.signals.config import (
+    DEFAULT_DOWN_AFTER_FAILURES,
+    DEFAULT_FORGET_ENGINE_AFTER_SECONDS,
+    DEFAULT_FORGET_GROUP_AFTER_SCRAPES,
+    DEFAULT_MAX_SERIES,
+    DEFAULT_MAX_SERIES_GROUPS,
+)
 
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
@@ -19,12 +27,6 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 KINDS = ("vllm", "sglang", "tgi", "llamacpp", "triton")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-# Per endpoint: sample lines of the metrics gpuwatch reads kept from one scrape (a real
-# engine has a few hundred), series groups (data-parallel ranks, Triton models) tracked,
-# and how many scrapes a group may be absent before it is forgotten.
-DEFAULT_MAX_SERIES = 20_000
-DEFAULT_MAX_SERIES_GROUPS = 512
-DEFAULT_FORGET_GROUP_AFTER_SCRAPES = 60
 
 _NAME_RE = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9_.:\[\]\-]{0,127}")
 
@@ -60,7 +62,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     headers: dict[str, str] = {}
     bearer_token: str = ""
     # engine_down fires after this many consecutive failed scrapes (engine_up drops at once).
-    down_after_failures: PositiveInt = 2
+    down_after_failures: PositiveInt = DEFAULT_DOWN_AFTER_FAILURES
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -93,13 +95,13 @@ class DiscoveryConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_series: PositiveInt = DEFAULT_MAX_SERIES
     max_series_groups: PositiveInt = DEFAULT_MAX_SERIES_GROUPS
     forget_group_after_scrapes: PositiveInt = DEFAULT_FORGET_GROUP_AFTER_SCRAPES
-    down_after_failures: PositiveInt = 2
+    down_after_failures: PositiveInt = DEFAULT_DOWN_AFTER_FAILURES
     # Only these kinds (empty: all).
     kinds: list[str] = []
     # An engine that sends no sample (not even a failed scrape) for this long is forgotten:
     # its series disappear and its events resolve. Configured engines are scraped for as
     # long as the daemon runs, so in practice this only retires discovered engines.
-    forget_after_seconds: PositiveFloat = 120.0
+    forget_after_seconds: PositiveFloat = DEFAULT_FORGET_ENGINE_AFTER_SECONDS
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]
@@ -108,46 +110,3 @@ class DiscoveryConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 f"kinds: unknown kind(s) {', '.join(map(repr, bad))}; "
                 f"expected {', '.join(KINDS)}"
             )
-
-
-class KvCacheSignalConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """KV-cache (prefix-cache) hit ratio = increase(hits) / increase(queries) over a window."""
-
-    window_seconds: PositiveFloat = 300.0
-    # A warning fires when the windowed hit ratio falls below this floor. Off (0) by
-    # default: what a good ratio is depends entirely on the workload's shared prefixes.
-    floor: Ratio = 0.0
-    # Critical below this (0: no critical level).
-    critical_floor: Ratio = 0.0
-    # Judge only windows with at least this many queries (tokens, or blocks for engines
-    # that count blocks), so a handful of requests cannot fire the event.
-    min_queries: NonNegFloat = 1000.0
-
-    def __post_init__(self) -> None:
-        if self.critical_floor and self.floor and self.critical_floor > self.floor:
-            raise ValueError("critical_floor: must not be above floor")
-
-
-class QueueSignalConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Queue latency quantiles over a window, from the engine's queue-time histogram."""
-
-    window_seconds: PositiveFloat = 300.0
-    quantiles: list[float] = msgspec.field(default_factory=lambda: [0.5, 0.95, 0.99])
-    # The quantile judged against the SLO.
-    slo_quantile: float = 0.95
-    # A warning fires when that quantile exceeds this many seconds (0: off).
-    slo_seconds: NonNegFloat = 5.0
-    # Critical above this (0: no critical level).
-    critical_seconds: NonNegFloat = 0.0
-    # Judge only windows in which at least this many requests left the queue.
-    min_requests: NonNegFloat = 10.0
-    # Engines without a queue-time histogram (Triton) expose only total queue time and a
-    # request count; judge their windowed mean against the SLO instead (said in the event).
-    judge_mean_without_histogram: bool = True
-
-    def __post_init__(self) -> None:
-        for q in (*self.quantiles, self.slo_quantile):
-            if not 0 < q < 1:
-                raise ValueError(f"quantiles: {q} is not strictly between 0 and 1")
-        if self.critical_seconds and self.slo_seconds and self.critical_seconds < self.slo_seconds:
-            raise ValueError("critical_seconds: must not be below slo_seconds")

@@ -10,12 +10,22 @@ from typing import Annotated
 
 import msgspec
 
-from gpuwatch.engines.config import KvCacheSignalConfig, QueueSignalConfig
-
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Share = Annotated[float, msgspec.Meta(ge=0, lt=1)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+# Per engine endpoint: sample lines of the metrics gpuwatch reads kept from one scrape (a real
+# engine has a few hundred), series groups (data-parallel ranks, Triton models) tracked, how
+# many scrapes a group may be absent before it is forgotten, failed scrapes before engine_down,
+# and how long an engine that sends nothing is kept. Engine and discovery settings default to
+# these; the engine analyzer falls back on them (EngineLimits) without a configuration.
+DEFAULT_MAX_SERIES = 20_000
+DEFAULT_MAX_SERIES_GROUPS = 512
+DEFAULT_FORGET_GROUP_AFTER_SCRAPES = 60
+DEFAULT_DOWN_AFTER_FAILURES = 2
+DEFAULT_FORGET_ENGINE_AFTER_SECONDS = 120.0
 
 
 class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -41,6 +51,8 @@ class LifecycleConfig(Section, kw_only=True):
     reload_drop_ratio: Ratio = 0.5
     # A process missing from this many seconds of samples is gone (state dropped).
     forget_after_seconds: PositiveFloat = 60.0
+    # An engine that woke from sleep takes its memory back: its series hold this long.
+    wake_settle_seconds: NonNegFloat = 60.0
 
 
 class LeakConfig(Section, kw_only=True):
@@ -139,6 +151,60 @@ class FragmentationSignalConfig(Section, kw_only=True):
     smallest_free_block_min_bytes: NonNegFloat | None = None
     act_when_free_below_bytes: NonNegFloat | None = None
     fragmentation_ratio_max: Ratio | None = None
+
+
+class KvCacheSignalConfig(Section, kw_only=True):
+    """KV-cache (prefix-cache) hit ratio = increase(hits) / increase(queries) over a window."""
+
+    window_seconds: PositiveFloat = 300.0
+    # A warning fires when the windowed hit ratio falls below this floor. Off (0) by
+    # default: what a good ratio is depends entirely on the workload's shared prefixes.
+    floor: Ratio = 0.0
+    # Critical below this (0: no critical level).
+    critical_floor: Ratio = 0.0
+    # Judge only windows with at least this many queries (tokens, or blocks for engines
+    # that count blocks), so a handful of requests cannot fire the event.
+    min_queries: NonNegFloat = 1000.0
+
+    def __post_init__(self) -> None:
+        if self.critical_floor and self.floor and self.critical_floor > self.floor:
+            raise ValueError("critical_floor: must not be above floor")
+
+
+class QueueSignalConfig(Section, kw_only=True):
+    """Queue latency quantiles over a window, from the engine's queue-time histogram."""
+
+    window_seconds: PositiveFloat = 300.0
+    quantiles: list[float] = msgspec.field(default_factory=lambda: [0.5, 0.95, 0.99])
+    # The quantile judged against the SLO.
+    slo_quantile: float = 0.95
+    # A warning fires when that quantile exceeds this many seconds (0: off).
+    slo_seconds: NonNegFloat = 5.0
+    # Critical above this (0: no critical level).
+    critical_seconds: NonNegFloat = 0.0
+    # Judge only windows in which at least this many requests left the queue.
+    min_requests: NonNegFloat = 10.0
+    # Engines without a queue-time histogram (Triton) expose only total queue time and a
+    # request count; judge their windowed mean against the SLO instead (said in the event).
+    judge_mean_without_histogram: bool = True
+
+    def __post_init__(self) -> None:
+        for q in (*self.quantiles, self.slo_quantile):
+            if not 0 < q < 1:
+                raise ValueError(f"quantiles: {q} is not strictly between 0 and 1")
+        if self.critical_seconds and self.slo_seconds and self.critical_seconds < self.slo_seconds:
+            raise ValueError("critical_seconds: must not be below slo_seconds")
+
+
+class EngineLimits(Section, kw_only=True):
+    """What the engine analyzer reads of an engine's (or discovery's) settings, with their
+    defaults: the analyzer takes any object with these attributes."""
+
+    max_series: PositiveInt = DEFAULT_MAX_SERIES
+    max_series_groups: PositiveInt = DEFAULT_MAX_SERIES_GROUPS
+    forget_group_after_scrapes: PositiveInt = DEFAULT_FORGET_GROUP_AFTER_SCRAPES
+    down_after_failures: PositiveInt = DEFAULT_DOWN_AFTER_FAILURES
+    forget_after_seconds: PositiveFloat = DEFAULT_FORGET_ENGINE_AFTER_SECONDS
 
 
 class SignalsConfig(Section, kw_only=True):

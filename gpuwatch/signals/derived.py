@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass
@@ -40,11 +39,86 @@ class ProcessSignals:
 
 
 @dataclass
+class EngineState:
+    """What gpuwatch knows about one engine: rendered as JSON in /api/state. None means
+    unknown, and `missing` says why for every normalized series that is absent."""
+
+    name: str
+    url: str = ""
+    kind: str = ""  # vllm | sglang | tgi | llamacpp | triton ('' until recognized)
+    # Which metric generation was read: v1 | v1-legacy | v0 (vLLM), triton-trtllm, ...
+    generation: str = ""
+    model: str = ""
+    up: bool = False
+    reason: str = ""  # why down
+    pids: list[int] = field(default_factory=list)
+    gpus: dict[str, int] = field(default_factory=dict)  # uuid -> index, via NVML's pids
+    # Labels of vllm:cache_config_info (block_size, num_gpu_blocks, gpu_memory_utilization...)
+    cache_config: dict[str, str] = field(default_factory=dict)
+    # Memory facts for the memory analyzer (signals/pools.py): sleep level (0 awake, 1
+    # weights offloaded, 2 all discarded; None unknown), when it last changed, how often it
+    # went to sleep, and the planned KV pool in tokens and, where the engine says, bytes.
+    sleep_level: int | None = None
+    sleep_changed_at: float | None = None
+    sleeps_total: int = 0
+    kv_pool_tokens: float | None = None
+    kv_pool_bytes: float | None = None
+    last_scrape: float | None = None
+    last_success: float | None = None
+    scrape_duration_seconds: float | None = None
+    consecutive_failures: int = 0
+    ranks: int = 0  # data-parallel engine cores / Triton models summed into this engine
+    # Gauges, as of the last successful scrape.
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    # Counters: the engine's own values plus, after a restart, what it had counted before.
+    prefix_cache_hits_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_unit: str = ""  # tokens | blocks
+    preemptions_total: float | None = None
+    # Requests that left the queue and their total queue time (from the histogram's _count
+    # and _sum, or Triton's counters), kept monotonic like the counters above.
+    queue_requests_total: float | None = None
+    queue_seconds_total: float | None = None
+    restarts_detected: int = 0
+    # Processes answering at the URL: 2 or more when process_start_time_seconds alternates
+    # between them (replicas behind one address; reason says so while up). 0 while down.
+    replicas: int = 0
+    series_groups: int = 0  # counter groups tracked (ranks, models), bounded
+    limit: str = ""  # which bound this engine's exposition hit, if any
+    # Windowed signals.
+    kv_cache_hit_ratio: float | None = None
+    kv_cache_hit_ratio_source: str = ""  # window | engine
+    kv_cache_queries_in_window: float | None = None
+    queue_latency_seconds: dict[str, float] = field(default_factory=dict)  # quantile -> s
+    queue_latency_mean_seconds: float | None = None
+    queue_requests_in_window: float | None = None
+    preemption_rate_per_second: float | None = None
+    # Serving SLIs (signals/slis.py), keyed by SLI: ttft | itl | e2e. Quantiles and means
+    # over the queue window; counts and sums cumulative like the counters above.
+    sli_quantiles_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    sli_mean_seconds: dict[str, float] = field(default_factory=dict)
+    sli_requests_total: dict[str, float] = field(default_factory=dict)
+    sli_seconds_total: dict[str, float] = field(default_factory=dict)
+    sli_requests_in_window: dict[str, float] = field(default_factory=dict)
+    sli_source: dict[str, str] = field(default_factory=dict)  # the engine family read
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    requests_finished_total: dict[str, float] = field(default_factory=dict)  # by reason
+    request_error_ratio: float | None = None  # windowed: errors / finished
+    requests_waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    # The engine's own families gpuwatch does not read (bounded): a new version's additions.
+    unread_families: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Derived:
     gpus: dict[str, GpuSignals] = field(default_factory=dict)  # by uuid
     processes: dict[tuple[str, int], ProcessSignals] = field(default_factory=dict)
-    # by engine name; the engines package defines the value type
-    engines: dict[str, Any] = field(default_factory=dict)
+    engines: dict[str, EngineState] = field(default_factory=dict)  # by engine name
     threshold_table: dict[str, str] = field(default_factory=dict)  # version, source
 
     # get first: these run for every process on every tick, and most already exist

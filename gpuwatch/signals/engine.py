@@ -9,20 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpuwatch.engines.config import (
-    DiscoveryConfig,
-    EngineConfig,
-    KvCacheSignalConfig,
-    QueueSignalConfig,
-)
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.normalize import read
-from gpuwatch.engines.state import EngineState
 from gpuwatch.events import Event
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition import read
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.signals import slis
 from gpuwatch.signals.conditions import Conditions
-from gpuwatch.signals.derived import Derived
+from gpuwatch.signals.config import EngineLimits, KvCacheSignalConfig, QueueSignalConfig
+from gpuwatch.signals.derived import Derived, EngineState
 from gpuwatch.signals.windows import EngineCounters, Window, histogram_quantile
 
 SIGNALS = ("engine_down", "kv_cache_hit_ratio", "queue_latency")
@@ -64,7 +58,7 @@ class _Track:
 class EngineAnalyzer:
     def __init__(self, config=None) -> None:
         self.configured = {e.name: e for e in (getattr(config, "engines", None) or [])}
-        self.discovery = getattr(config, "discovery", None) or DiscoveryConfig()
+        self.discovery = getattr(config, "discovery", None) or EngineLimits()
         signals = getattr(config, "signals", None)
         self.kv_cfg: KvCacheSignalConfig = (
             getattr(signals, "kv_cache", None) or KvCacheSignalConfig()
@@ -96,7 +90,7 @@ class EngineAnalyzer:
 
     # -- ingest ---------------------------------------------------------------------------
 
-    def _limits(self, name: str) -> EngineConfig | DiscoveryConfig:
+    def _limits(self, name: str) -> EngineLimits:
         return self.configured.get(name) or self.discovery
 
     def _track(self, name: str) -> _Track:
@@ -151,7 +145,7 @@ class EngineAnalyzer:
             "prefix_cache_hits_total", "prefix_cache_queries_total", "preemptions_total",
             "queue_requests_total", "queue_seconds_total",
             "kv_cache_hit_ratio", "kv_cache_queries_in_window", "queue_latency_mean_seconds",
-            "queue_requests_in_window", "preemption_rate_per_second",
+            "queue_requests_in_window", "preemption_rate_per_second", "sleep_level",
         ):
             setattr(st, name, None)
         st.queue_latency_seconds = {}
@@ -170,6 +164,12 @@ class EngineAnalyzer:
         st.model = r.model
         st.ranks = r.ranks
         st.cache_config = r.cache_config
+        st.kv_pool_tokens, st.kv_pool_bytes = r.kv_pool_tokens, r.kv_pool_bytes
+        if r.sleep_level is not None and st.sleep_level is not None \
+                and (r.sleep_level > 0) != (st.sleep_level > 0):
+            st.sleep_changed_at = t  # fell asleep or woke: the memory analyzer holds
+            st.sleeps_total += r.sleep_level > 0
+        st.sleep_level = r.sleep_level
         st.requests_running = _finite(r.requests_running)
         st.requests_waiting = _finite(r.requests_waiting)
         st.kv_cache_usage_ratio = _finite(r.kv_cache_usage_ratio)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -21,6 +22,7 @@ from gpuwatch.signals.config import SignalsConfig
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.leak import STEADY, LeakParams, LeakSeries
 from gpuwatch.signals.oom import HorizonState, headroom_bytes, time_to_oom
+from gpuwatch.signals.pools import EnginePool, engine_pools, of_pid
 from gpuwatch.signals.zone import ZONE_NAMES, ZoneState, planned_bytes
 from gpuwatch.thresholds.table import Row, ThresholdTable, load_table
 
@@ -150,7 +152,10 @@ class MemoryAnalyzer:
             return []
         row = self.table.match(gpu.name, total) if total else None
         events: list[Event] = []
-        headroom = headroom_bytes(row.budget_bytes, used) if row is not None else None
+        pools = self._pools(t, gpu, derived)
+        # pools engines take (back) by design (loading, asleep) are not headroom
+        ahead = sum(e.ahead for e in pools)
+        headroom = headroom_bytes(row.budget_bytes, used + ahead) if row is not None else None
 
         # Leak series: per process (judged in the same pass: this runs for every process on
         # every tick), then the GPU as a whole.
@@ -172,7 +177,8 @@ class MemoryAnalyzer:
                         and t - state.last_fed + (t - state.last_seen) <= every):
                     state.last_seen, fed = t, False
                 else:
-                    state, fed = self._proc_update(t, uuid, p, probes.get(pid), headroom)
+                    state, fed = self._proc_update(t, uuid, p, probes.get(pid), headroom,
+                                                   of_pid(pools, pid))
                 if state is not None and not fed:
                     # nothing it judges on moved: its signals and condition stand as they are
                     if state.rate is not None:
@@ -203,7 +209,7 @@ class MemoryAnalyzer:
                 if state.judged is not None:
                     judged.append(state.judged)
                 proc_events += conditions.set(t, ev, ("memory_leak", uuid, pid, None))
-            gstate = self._gpu_update(t, gpu, used, headroom)
+            gstate = self._gpu_update(t, gpu, used, headroom, pools)
 
         # Zone, on memory that was not planned.
         if row is not None:
@@ -263,10 +269,23 @@ class MemoryAnalyzer:
             events += conditions.set(t, ev, ("time_to_oom", uuid, None, None))
         return events
 
+    def _pools(self, t: float, gpu: GpuSample, derived: Derived) -> list[EnginePool]:
+        """The engines' planned pools and sleep states on this GPU (signals/pools.py)."""
+        zc = self.cfg.zone
+        if not zc.planned_pools:
+            return []
+        pools = engine_pools(gpu, derived.engines, zc.vllm_default_utilization, t,
+                             self.cfg.leak.lifecycle.wake_settle_seconds)
+        derived.gpu(gpu.uuid).notes.extend(
+            f"leak: engine {e.engine} {e.quiet}: its memory is not judged" for e in pools
+            if e.quiet)
+        return pools
+
     # -- leak series ------------------------------------------------------------------------
 
     def _proc_update(self, t: float, uuid: str, p, probe: ProbeSample | None,
-                     headroom: float | None) -> tuple[_Proc | None, bool]:
+                     headroom: float | None,
+                     pool: EnginePool | None = None) -> tuple[_Proc | None, bool]:
         """The process's state, and whether its series took this sample."""
         key = (uuid, p.pid)
         state = self._procs.get(key)
@@ -285,10 +304,16 @@ class MemoryAnalyzer:
             started = p.create_time if p.create_time is not None else t
             state = _Proc(LeakSeries(self.params, min(started, t)), p.create_time, source, t)
             self._procs[key] = state
+        elif state.create_time is None:
+            # first seen without a start time (a /proc read that failed): the first one
+            # known is its own, so a later restart under this pid is still told apart
+            state.create_time = p.create_time
         tick = t - state.last_seen
         state.last_seen = t
         if value is None:
             return state, True
+        if pool is not None and pool.quiet:
+            return state, False  # an engine asleep or waking: its memory moves by design
         if source != state.source:
             state.source = source
             state.series.rebase()
@@ -297,10 +322,12 @@ class MemoryAnalyzer:
         elif t - state.last_fed + tick <= self._every:
             return state, False
         state.last_fed = t
-        state.series.update(t, float(value), headroom)
+        floor = pool.floors.get(p.pid, 0.0) if pool is not None else 0.0
+        state.series.update(t, max(float(value), floor), headroom)  # up to its pool: planned
         return state, True
 
-    def _gpu_update(self, t: float, gpu: GpuSample, used: int, headroom: float | None) -> _Gpu:
+    def _gpu_update(self, t: float, gpu: GpuSample, used: int, headroom: float | None,
+                    pools: Sequence[EnginePool] = ()) -> _Gpu:
         """The GPU's own series: used minus what its processes hold when NVML gives every
         process's figure (growth no process explains), else all of used."""
         held = [p.used_memory_bytes for p in gpu.processes]
@@ -322,6 +349,10 @@ class MemoryAnalyzer:
                 state.signature, state.series = signature, series
                 state.escalated = False
         state.last_seen = t
+        if not attributed and pools:  # all of used: the engines' pools are in it
+            if any(e.quiet for e in pools):
+                return state  # an engine asleep or waking: hold
+            value = max(value, sum(e.pool for e in pools))
         state.series.update(t, float(value), headroom)
         return state
 

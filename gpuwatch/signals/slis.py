@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.normalize import slis as n
-from gpuwatch.engines.state import EngineState
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition import slis as n
+from gpuwatch.signals.derived import EngineState
 from gpuwatch.signals.windows import Window, histogram_quantile
 
 # The longest request gpuwatch believes (one day), as for the queue time.

@@ -29,51 +29,21 @@ from typing import Any
 
 from gpuwatch.model import GpuSample
 from gpuwatch.signals.conditions import Hold
+from gpuwatch.signals.pools import engine_pools, pool_fraction  # noqa: F401 (its public rule)
 
-POOL_KEYS = ("gpu_memory_utilization", "mem_fraction_static")
 ZONE_NAMES = ("safe", "warning", "critical")
-
-
-def pool_fraction(engine: Any, vllm_default: float) -> tuple[float, str] | None:
-    """(fraction of GPU memory an engine pre-allocates, where the figure came from)."""
-    config = getattr(engine, "cache_config", None) or {}
-    for key in POOL_KEYS:
-        try:
-            value = float(config[key])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if 0 < value <= 1:
-            return value, key
-    if getattr(engine, "kind", "") == "vllm":
-        return vllm_default, "vLLM default gpu_memory_utilization"
-    return None
 
 
 def planned_bytes(
     gpu: GpuSample, engines: dict[str, Any], vllm_default: float
 ) -> tuple[float, list[str]]:
     """Memory on this GPU that engines pre-allocated by design, and why (notes)."""
-    total = gpu.memory_total_bytes or 0
-    if total <= 0 or not engines:
-        return 0.0, []
-    by_pid = {p.pid: p for p in gpu.processes}
     planned, notes = 0.0, []
-    for name in sorted(engines):
-        engine = engines[name]
-        here = [by_pid[pid] for pid in (getattr(engine, "pids", None) or []) if pid in by_pid]
-        if not here:
-            continue
-        frac = pool_fraction(engine, vllm_default)
-        if frac is None:
-            continue
-        pool = frac[0] * total
-        used = [p.used_memory_bytes for p in here]
-        held = pool if any(u is None for u in used) else min(pool, float(sum(used)))  # type: ignore[arg-type]
+    for e in engine_pools(gpu, engines, vllm_default):
+        held = e.pool if e.held is None else min(e.pool, e.held)
         planned += held
-        notes.append(
-            f"zone: {name} pre-allocates {frac[0]:g} of total ({frac[1]}): "
-            f"{held / 2**30:.1f} GiB planned"
-        )
+        notes.append(f"zone: {e.engine} pre-allocates {e.source}: "
+                     f"{held / 2**30:.1f} GiB planned")
     return planned, notes
 
 

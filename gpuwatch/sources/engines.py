@@ -30,8 +30,8 @@ from gpuwatch import __version__
 from gpuwatch.engines import discovery as disc
 from gpuwatch.engines.body import prepare
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
-from gpuwatch.engines.normalize import Reading
 from gpuwatch.engines.urls import engines_from_urls, host_port, is_local, same_local_endpoint
+from gpuwatch.exposition import Reading
 from gpuwatch.model import EngineSample
 from gpuwatch.redact import strip_userinfo as redact
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwatch.engines.state import EngineState
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.signals.derived import EngineState
 
 LABELS = ["engine", "kind", "model"]
 
@@ -91,6 +91,18 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         "Preemptions per second over the configured queue window.",
         labels=LABELS,
     )
+    sleep = GaugeMetricFamily(
+        "gpuwatch_engine_sleep_level",
+        "Sleep mode: 0 awake, 1 weights offloaded, 2 weights and KV cache discarded; while "
+        "an engine sleeps (and settles after waking) its memory is not judged a leak.",
+        labels=LABELS,
+    )
+    kv_pool = GaugeMetricFamily(
+        "gpuwatch_engine_kv_cache_pool_tokens",
+        "Tokens the engine's pre-allocated KV-cache pool holds (vLLM blocks x block size, "
+        "SGLang max_total_num_tokens).",
+        labels=LABELS,
+    )
     scrape = GaugeMetricFamily(
         "gpuwatch_engine_scrape_duration_seconds", "Duration of the last scrape of the engine.",
         labels=LABELS,
@@ -120,8 +132,10 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         _add(latency_mean, lv, st.queue_latency_mean_seconds)
         _add(preemptions, lv, st.preemptions_total)
         _add(preemption_rate, lv, st.preemption_rate_per_second)
+        _add(sleep, lv, st.sleep_level)
+        _add(kv_pool, lv, st.kv_pool_tokens)
     for fam in (up, info, gpu, running, waiting, kv_usage, hits, queries, hit_ratio, latency,
-                latency_mean, preemptions, preemption_rate, scrape):
+                latency_mean, preemptions, preemption_rate, sleep, kv_pool, scrape):
         if fam.samples:
             yield fam
     yield from sli_families(engines)

@@ -10,8 +10,8 @@ the TensorRT-LLM block gauges. Series are per model and version, summed across m
 
 from __future__ import annotations
 
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.parse import Exposition, wanted_names
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition.parse import Exposition, wanted_names
 
 PREFIXES = ("nv_inference_", "nv_trt_llm_")
 WANTED = wanted_names((

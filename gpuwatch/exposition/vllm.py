@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.parse import Exposition, help_text, wanted_names
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition.parse import Exposition, help_text, wanted_names
 
 PREFIXES = ("vllm:", "process_start_time_seconds")
 WANTED = wanted_names((
@@ -32,9 +32,17 @@ WANTED = wanted_names((
     "vllm:num_preemptions",
     "vllm:request_queue_time_seconds",
     "vllm:cache_config_info",
+    "vllm:engine_sleep_state",
     "process_start_time_seconds",
 ))
 GROUP = ("engine",)
+# cache_config_info labels the memory model reads: the pool share, the KV pool's size
+MEMORY_LABELS = frozenset((
+    "gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks", "block_size",
+    "enable_prefix_caching",
+))
+# vllm:engine_sleep_state{sleep_state=...}: awake 0 is asleep; then which level
+SLEEP_LEVELS = {"weights_offloaded": 1, "discard_all": 2}
 
 
 def generation(expo: Exposition) -> str:
@@ -68,9 +76,13 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
         r.missing[c.KV_USAGE] = why or "no vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc"
 
     for key in expo.get("vllm:cache_config_info"):
-        # label values come from the engine: keep a bounded copy for /api/state
-        r.cache_config = {k[:64]: v[:128] for k, v in key[:32] if k != "engine"}
+        # label values come from the engine: keep a bounded copy for /api/state, the labels
+        # the memory model reads first (0.32 has 37 labels)
+        labels = sorted((kv for kv in key if kv[0] != "engine"),
+                        key=lambda kv: (kv[0] not in MEMORY_LABELS, kv[0]))
+        r.cache_config = {k[:64]: v[:128] for k, v in labels[:32]}
         break
+    _memory(r, expo)
 
     _prefix_cache(r, expo, text)
 
@@ -122,3 +134,32 @@ def _prefix_cache(r: c.Reading, expo: Exposition, text: str) -> None:
             r.missing[c.KV_HIT_RATIO] = "vllm:gpu_prefix_cache_hit_rate is out of range"
     else:
         r.missing[c.KV_HIT_RATIO] = why or "no prefix-cache metrics in this scrape"
+
+
+def _positive(text: str | None) -> float | None:
+    try:
+        v = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None  # "None" when vLLM sizes it itself
+    return v if math.isfinite(v) and 0 < v <= c.COUNTER_MAX else None
+
+
+def _memory(r: c.Reading, expo: Exposition) -> None:
+    """Sleep state and the planned KV pool (tokens: blocks x block size; bytes when the
+    operator fixed it with --kv-cache-memory-bytes)."""
+    cfg = r.cache_config
+    blocks, size = _positive(cfg.get("num_gpu_blocks")), _positive(cfg.get("block_size"))
+    if blocks and size and blocks * size <= c.COUNTER_MAX:
+        r.kv_pool_tokens = blocks * size
+    r.kv_pool_bytes = _positive(cfg.get("kv_cache_memory_bytes"))
+    series = expo.get("vllm:engine_sleep_state")
+    awake = [v for k, v in series.items() if c.label(k, "sleep_state") == "awake"]
+    if not awake or not all(math.isfinite(v) for v in awake):
+        return  # older vLLM, or nonsense: unknown
+    if all(v >= 0.5 for v in awake):
+        r.sleep_level = 0
+        return
+    # data-parallel ranks sleep together; the deepest level any rank reports wins
+    r.sleep_level = max((lvl for k, v in series.items()
+                         if v >= 0.5 and (lvl := SLEEP_LEVELS.get(c.label(k, "sleep_state")))),
+                        default=1)

@@ -9,8 +9,8 @@ an older build still has them. Newer builds count prompt tokens reused from the 
 
 from __future__ import annotations
 
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.parse import Exposition, wanted_names
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition.parse import Exposition, wanted_names
 
 PREFIXES = ("llamacpp:",)
 WANTED = wanted_names((

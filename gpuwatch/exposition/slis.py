@@ -9,9 +9,9 @@ histogram's bucket names, reusing its code.
 
 from __future__ import annotations
 
-from gpuwatch.engines import aliases
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.parse import Exposition, wanted_names
+from gpuwatch.exposition import aliases
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition.parse import Exposition, wanted_names
 
 TTFT, ITL, E2E = "ttft", "itl", "e2e"
 SLIS = (TTFT, ITL, E2E)
@@ -56,10 +56,11 @@ def add(r: c.Reading, expo: Exposition, kind: str, group: tuple[str, ...],
     for role in TOKENS:
         found = False
         for a in table:
-            if a.role == role and a.name + "_total" in expo:
+            # a histogram of tokens per request (TGI) counts them in its _sum
+            sample = a.name + ("_sum" if a.shape == "histogram" else "_total")
+            if a.role == role and sample in expo:
                 # several names may add up (llama.cpp: processed + cached prompt tokens)
-                found |= c.add_counter(r, expo, a.name + "_total", role, group,
-                                       rank_labels=ranks)
+                found |= c.add_counter(r, expo, sample, role, group, rank_labels=ranks)
         if not found:
             r.sli_missing[role] = _why_absent(kind, table, role)
     _finished(r, expo, kind, table, group, ranks, keep)

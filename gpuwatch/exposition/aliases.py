@@ -44,7 +44,7 @@ ROLES = {
     "finished": "finished requests by reason",
     "failed": "failed requests",
     "waiting_by_reason": "waiting requests by reason",
-    # read by the engine modules (gpuwatch/engines/normalize/*)
+    # read by the engine modules (gpuwatch/exposition/*)
     "running": "running requests",
     "waiting": "waiting requests",
     "kv_usage": "KV-cache usage",
@@ -54,6 +54,8 @@ ROLES = {
     "preemptions": "preemptions",
     "queue_time": "queue time",
     "cache_config": "cache configuration",
+    "sleep_state": "sleep mode state",
+    "kv_pool": "planned KV-cache pool (tokens)",
 }
 
 V_PRS = ("vLLM PR #18354 (new names, gpu_ ones deprecated; released in 0.9.2), #24245 "
@@ -95,6 +97,8 @@ VLLM = (
           shape="counter"),
     Alias("vllm:request_queue_time_seconds", "queue_time", source=V_LOGGERS, fixture=V033),
     Alias("vllm:cache_config_info", "cache_config", source=V_LOGGERS, fixture=V033,
+          shape="gauge"),
+    Alias("vllm:engine_sleep_state", "sleep_state", source=V_LOGGERS, fixture=V033,
           shape="gauge"),
     Alias("vllm:time_to_first_token_seconds", "ttft", source=V_LOGGERS, fixture=V033),
     Alias("vllm:inter_token_latency_seconds", "itl", since="0.11", source=TPOT_PRS,
@@ -153,6 +157,8 @@ SGLANG = (
     Alias("sglang:num_retracted_requests", "preemptions", source=SG_DOC,
           fixture="sglang.prom", shape="counter"),
     Alias("sglang:queue_time_seconds", "queue_time", source=SG_DOC, fixture="sglang.prom"),
+    Alias("sglang:max_total_num_tokens", "kv_pool", source=SG_DOC, fixture="sglang.prom",
+          shape="gauge"),
     Alias("sglang:prompt_tokens", "prompt_tokens", source=SG_DOC, fixture="sglang.prom",
           shape="counter"),
     Alias("sglang:generation_tokens", "generation_tokens", source=SG_DOC,
@@ -163,18 +169,19 @@ SGLANG = (
 )
 
 LC_DOC = "tools/server/server.cpp (server_task_result_metrics), needs --metrics"
+LC_FIX = "llamacpp-0.3.36-real-load.prom"
 LLAMACPP = (
-    Alias("llamacpp:requests_processing", "running", source=LC_DOC, fixture="llamacpp.prom",
+    Alias("llamacpp:requests_processing", "running", source=LC_DOC, fixture=LC_FIX,
           shape="gauge"),
-    Alias("llamacpp:requests_deferred", "waiting", source=LC_DOC, fixture="llamacpp.prom",
+    Alias("llamacpp:requests_deferred", "waiting", source=LC_DOC, fixture=LC_FIX,
           shape="gauge"),
     # prompt tokens processed (the cached ones are counted apart, below)
-    Alias("llamacpp:prompt_tokens", "prompt_tokens", source=LC_DOC, fixture="llamacpp.prom",
+    Alias("llamacpp:prompt_tokens", "prompt_tokens", source=LC_DOC, fixture=LC_FIX,
           shape="counter"),
     Alias("llamacpp:prompt_tokens_cached", "prompt_tokens", source=LC_DOC,
-          fixture="llamacpp.prom", shape="counter"),
+          fixture=LC_FIX, shape="counter"),
     Alias("llamacpp:tokens_predicted", "generation_tokens", source=LC_DOC,
-          fixture="llamacpp.prom", shape="counter"),
+          fixture=LC_FIX, shape="counter"),
     Alias("llamacpp:kv_cache_usage_ratio", "kv_usage", removed="unknown",
           source="llama.cpp PR #13660 removed the KV-cache gauges (listed in #22879)",
           fixture="", shape="gauge"),
@@ -201,12 +208,25 @@ TRITON = (
           fixture="triton-trtllm.prom", shape="gauge"),
 )
 
-TG_DOC = "router/src/server.rs (metrics-exporter-prometheus)"
+TG_DOC = ("router/src/server.rs (metrics-exporter-prometheus); "
+          "docs/source/reference/metrics.md")
 TGI = (
     Alias("tgi_queue_size", "waiting", source=TG_DOC, fixture="tgi.prom", shape="gauge"),
     Alias("tgi_batch_current_size", "running", source=TG_DOC, fixture="tgi.prom",
           shape="gauge"),
     Alias("tgi_request_queue_duration", "queue_time", source=TG_DOC, fixture="tgi.prom"),
+    # no time to first token, no inter-token latency: the per-request mean time per token
+    Alias("tgi_request_duration", "e2e", source=TG_DOC, fixture="tgi.prom"),
+    Alias("tgi_request_mean_time_per_token_duration", "tpot", source=TG_DOC,
+          fixture="tgi.prom"),
+    # token counts are histograms per request: their _sum is the total
+    Alias("tgi_request_input_length", "prompt_tokens", source=TG_DOC, fixture="tgi.prom"),
+    Alias("tgi_request_generated_tokens", "generation_tokens", source=TG_DOC,
+          fixture="tgi.prom"),
+    Alias("tgi_request_success", "finished", source=TG_DOC, fixture="tgi.prom",
+          shape="counter"),
+    Alias("tgi_request_failure", "failed", source=TG_DOC, fixture="tgi.prom",
+          shape="counter"),
 )
 
 TABLES: dict[str, tuple[Alias, ...]] = {

@@ -1,5 +1,9 @@
 """Exposition text -> one normalized Reading, whatever engine wrote it.
 
+Pure (no I/O, no clock): the engine source reads live scrapes with it off the event loop,
+and the engine analyzer re-reads recorded text with it in replay. `common` holds the
+normalized vocabulary both sides speak.
+
 Each engine module declares PREFIXES (sample-name prefixes it reads), WANTED (the sample
 names it uses) and normalize(expo, text) -> Reading.
 """
@@ -8,11 +12,10 @@ from __future__ import annotations
 
 from itertools import islice
 
-from gpuwatch.engines import aliases
-from gpuwatch.engines.detect import describe_unrecognized, detect_kind
-from gpuwatch.engines.normalize import llamacpp, sglang, slis, tgi, triton, vllm
-from gpuwatch.engines.normalize.common import Reading, note
-from gpuwatch.engines.parse import MAX_KEPT_LINES, help_text, parse, select_lines
+from gpuwatch.exposition import aliases, llamacpp, sglang, slis, tgi, triton, vllm
+from gpuwatch.exposition.common import Reading, note
+from gpuwatch.exposition.detect import describe_unrecognized, detect_kind
+from gpuwatch.exposition.parse import MAX_KEPT_LINES, help_text, parse, select_lines
 
 MODULES = {
     "vllm": vllm,

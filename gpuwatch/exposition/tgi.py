@@ -7,8 +7,8 @@ TGI labels no model and exposes no KV-cache or prefix-cache metric.
 
 from __future__ import annotations
 
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.parse import Exposition, wanted_names
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition.parse import Exposition, wanted_names
 
 PREFIXES = ("tgi_", "process_start_time_seconds")
 WANTED = wanted_names((

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpuwatch.engines.parse import Exposition, LabelKey
+from gpuwatch.exposition.parse import Exposition, LabelKey
 
 # Counter names inside Reading.counters (per series group).
 PREFIX_HITS = "prefix_hits"
@@ -57,6 +57,11 @@ class Reading:
     # Upper bounds of the queue-time buckets, counters named bucket_name(bound); last +Inf.
     queue_bounds: tuple[float, ...] = ()
     cache_config: dict[str, str] = field(default_factory=dict)
+    # Memory facts: 0 awake, 1 weights offloaded, 2 weights and KV discarded (vLLM sleep
+    # mode); the KV pool the engine planned, in tokens and, where it says, in bytes.
+    sleep_level: int | None = None
+    kv_pool_tokens: float | None = None
+    kv_pool_bytes: float | None = None
     # process_start_time_seconds where exposed: a change means the engine restarted.
     start_time: float | None = None
     ranks: int = 0

@@ -9,8 +9,8 @@ tokens include the cached ones).
 
 from __future__ import annotations
 
-from gpuwatch.engines.normalize import common as c
-from gpuwatch.engines.parse import Exposition, wanted_names
+from gpuwatch.exposition import common as c
+from gpuwatch.exposition.parse import Exposition, wanted_names
 
 PREFIXES = ("sglang:", "process_start_time_seconds")
 WANTED = wanted_names((
@@ -22,6 +22,7 @@ WANTED = wanted_names((
     "sglang:cached_tokens",
     "sglang:num_retracted_requests",
     "sglang:queue_time_seconds",
+    "sglang:max_total_num_tokens",
     "process_start_time_seconds",
 ))
 RANKS = ("tp_rank", "pp_rank", "moe_ep_rank")
@@ -66,6 +67,9 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
                          rank_labels=RANKS):
         r.missing[c.PREEMPTION] = "sglang:num_retracted_requests_total " + c.NOT_EXPOSED
 
+    # its KV pool in tokens (summed over data-parallel ranks); SGLang publishes neither its
+    # mem_fraction_static nor a sleep state (release_memory_occupation) as metrics
+    r.kv_pool_tokens, _ = c.gauge(expo, ["sglang:max_total_num_tokens"], rank_labels=RANKS)
     why = c.add_histogram(r, expo, "sglang:queue_time_seconds", GROUP, rank_labels=RANKS)
     if why:
         r.missing[c.QUEUE_LATENCY] = (
