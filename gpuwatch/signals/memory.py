@@ -217,7 +217,7 @@ class MemoryAnalyzer:
             sig.threshold_row = row.id
             sig.threshold_calibrated = row.calibrated
         if row is not None and self.cfg.zone.enabled:
-            events += self._zone(t, gpu, row, used, derived, conditions)
+            events += self._zone(t, gpu, row, used, derived, conditions, pools)
         else:
             sig.zone = None
             sig.unplanned_memory_bytes = None
@@ -387,11 +387,11 @@ class MemoryAnalyzer:
     # -- zone -------------------------------------------------------------------------------
 
     def _zone(self, t: float, gpu: GpuSample, row: Row, used: int, derived: Derived,
-              conditions: Conditions) -> list[Event]:
+              conditions: Conditions, pools: list[EnginePool]) -> list[Event]:
         zc = self.cfg.zone
         sig = derived.gpu(gpu.uuid)
         planned, notes = (
-            planned_bytes(gpu, derived.engines, zc.vllm_default_utilization)
+            planned_bytes(gpu, derived.engines, zc.vllm_default_utilization, pools)
             if zc.planned_pools else (0.0, [])
         )
         unplanned = max(0.0, used - planned)

@@ -29,17 +29,19 @@ from typing import Any
 
 from gpuwatch.model import GpuSample
 from gpuwatch.signals.conditions import Hold
-from gpuwatch.signals.pools import engine_pools, pool_fraction  # noqa: F401 (its public rule)
+from gpuwatch.signals.pools import EnginePool, engine_pools, pool_fraction  # noqa: F401 (its public rule)
 
 ZONE_NAMES = ("safe", "warning", "critical")
 
 
 def planned_bytes(
-    gpu: GpuSample, engines: dict[str, Any], vllm_default: float
+    gpu: GpuSample, engines: dict[str, Any], vllm_default: float,
+    pools: list[EnginePool] | None = None,
 ) -> tuple[float, list[str]]:
-    """Memory on this GPU that engines pre-allocated by design, and why (notes)."""
+    """Memory on this GPU that engines pre-allocated by design, and why (notes). pools:
+    this GPU's, when the caller has them already."""
     planned, notes = 0.0, []
-    for e in engine_pools(gpu, engines, vllm_default):
+    for e in engine_pools(gpu, engines, vllm_default) if pools is None else pools:
         held = e.pool if e.held is None else min(e.pool, e.held)
         planned += held
         notes.append(f"zone: {e.engine} pre-allocates {e.source}: "
