@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from gpuwatch.sources.simulate import engine_text as base
+import gpuwatch.sources.simulate.workload as base
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0)
@@ -27,8 +27,8 @@ ERROR_EVERY, ABORT_EVERY = 120.0, 45.0
 
 def _shifted(e: float, le: float, extra: float) -> float:
     rate = base.REQUESTS_PER_SECOND
-    return float(math.floor(rate * base._segments_integral(
-        e, lambda m: base._lognormal_cdf(le, m + extra, base.QUEUE_SIGMA))))
+    return float(math.floor(rate * base.segments_integral(
+        e, lambda m: base.lognormal_cdf(le, m + extra, base.QUEUE_SIGMA))))
 
 
 def generation_total(e: float) -> float:
@@ -69,7 +69,7 @@ def serving_lines(elapsed: float, model: str, engine: str, waiting: int) -> list
                             engine, model)
     tokens = generation_total(e)
     itl_n = max(tokens - done, 0.0)
-    itl = [float(math.floor(itl_n * base._lognormal_cdf(le, ITL_MEDIAN, SIGMA)))
+    itl = [float(math.floor(itl_n * base.lognormal_cdf(le, ITL_MEDIAN, SIGMA)))
            for le in ITL_BUCKETS]
     mean = ITL_MEDIAN * math.exp(SIGMA**2 / 2)
     lines += _histogram("vllm:inter_token_latency_seconds", labels, ITL_BUCKETS, itl, itl_n,
