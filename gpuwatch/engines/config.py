@@ -81,6 +81,21 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         for key, value in self.headers.items():
             if "\r" in value or "\n" in value:
                 raise ValueError(f"headers: value of {key!r} contains a line break")
+        self._one_authorization()
+
+    def _one_authorization(self) -> None:
+        """URL credentials, bearer_token and an Authorization header all become the one
+        Authorization header: with two of them the HTTP client refuses every request, so
+        the engine would pass validation and then be down at runtime."""
+        parts = urlsplit(self.url)
+        given = [what for what, present in (
+            ("credentials in the url", parts.username is not None or parts.password is not None),
+            ("bearer_token", bool(self.bearer_token)),
+            ("an Authorization header", any(k.lower() == "authorization" for k in self.headers)),
+        ) if present]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} would both be sent as the Authorization "
+                             "header: give only one")
 
 
 class DiscoveryConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
