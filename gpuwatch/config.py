@@ -137,9 +137,10 @@ def _env_to_dict(environ: dict[str, str]) -> dict[str, Any]:
     prefixes the rest wins, so keys with underscores (nvml.fast_interval_seconds) work."""
     out: dict[str, Any] = {}
     for name, value in environ.items():
-        # GPUWATCH_EVENT_*: what an exec hook receives, not settings.
+        # GPUWATCH_EVENT_*: what an exec hook receives; GPUWATCH_TEST_*: the test suite's own
+        # (its server cache), exported by developers in the shell the daemon runs from.
         if (not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG"
-                or name.startswith(ENV_PREFIX + "EVENT_")):
+                or name.startswith((ENV_PREFIX + "EVENT_", ENV_PREFIX + "TEST_"))):
             continue
         rest = name[len(ENV_PREFIX):].lower()
         path = _resolve_env_path(Config, rest)

@@ -281,7 +281,8 @@ def test_tgi_e2e_and_per_request_tpot_from_its_router_histograms():
     st = derived.engines["e"]
     assert st.up, st.reason
     assert st.sli_source == {"e2e": "tgi_request_duration",
-                             "itl": "tgi_request_mean_time_per_token_duration (per-request TPOT)"}
+                             "itl": "tgi_request_mean_time_per_token_duration (per-request TPOT)",
+                             "queue": "tgi_request_queue_duration"}
     # the window: 10 requests of 1.2 s, 6 of 3.5 s, 4 of 20 s. p50: the 10th of 20 is the
     # last in (1.122, 1.683], p95: the 19th in (19.18, 28.76], 3 of its 4
     e2e = st.sli_quantiles_seconds["e2e"]

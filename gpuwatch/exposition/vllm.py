@@ -17,7 +17,7 @@ import math
 from gpuwatch.exposition import common as c
 from gpuwatch.exposition.parse import Exposition, help_text, wanted_names
 
-PREFIXES = ("vllm:", "process_start_time_seconds")
+PREFIXES = ("vllm:", "process_start_time_seconds", "http_requests_total")
 WANTED = wanted_names((
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
@@ -90,6 +90,8 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
         r.missing[c.PREEMPTION] = "vllm:num_preemptions_total " + c.NOT_EXPOSED
 
     why = c.add_histogram(r, expo, "vllm:request_queue_time_seconds", GROUP)
+    if r.has_counter(c.QUEUE_COUNT):
+        r.sli_source["queue"] = "vllm:request_queue_time_seconds"
     if why:
         r.missing[c.QUEUE_LATENCY] = (
             "vllm:request_queue_time_seconds " + c.NOT_EXPOSED if why == c.NOT_EXPOSED else why

@@ -7,7 +7,7 @@ own windows, so `gpuwatch replay` of a recording reproduces the live run exactly
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuwatch.events import Event
 from gpuwatch.exposition import common as c
@@ -17,6 +17,7 @@ from gpuwatch.signals import slis
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.config import EngineLimits, KvCacheSignalConfig, QueueSignalConfig
 from gpuwatch.signals.derived import Derived, EngineState
+from gpuwatch.signals.engine_life import EngineLife
 from gpuwatch.signals.windows import EngineCounters, Window, histogram_quantile
 
 SIGNALS = ("engine_down", "kv_cache_hit_ratio", "queue_latency")
@@ -50,9 +51,11 @@ class _Track:
     bank: EngineCounters
     kv: Window
     queue: Window
+    life: EngineLife
     last_sample_t: float = 0.0
     has_histogram: bool = False
     sli: Window | None = None
+    models: dict[str, Window] = field(default_factory=dict)  # per-model SLI windows
 
 
 class EngineAnalyzer:
@@ -96,13 +99,16 @@ class EngineAnalyzer:
     def _track(self, name: str) -> _Track:
         tr = self.tracks.get(name)
         if tr is None:
-            lim = self._limits(name)
             tr = self.tracks[name] = _Track(
-                bank=EngineCounters(lim.max_series_groups, lim.forget_group_after_scrapes),
-                kv=Window(self.kv_cfg.window_seconds),
+                bank=self._bank(name), kv=Window(self.kv_cfg.window_seconds),
                 queue=Window(self.queue_cfg.window_seconds),
+                life=EngineLife(self.queue_cfg.window_seconds),
             )
         return tr
+
+    def _bank(self, name: str) -> EngineCounters:
+        lim = self._limits(name)
+        return EngineCounters(lim.max_series_groups, lim.forget_group_after_scrapes)
 
     def _ingest(self, sample: EngineSample, st: EngineState, t: float) -> None:
         tr = self._track(sample.name)
@@ -150,6 +156,8 @@ class EngineAnalyzer:
             setattr(st, name, None)
         st.queue_latency_seconds = {}
         slis.clear(st)
+        st.models = {}
+        st.unread_families = []
         st.kv_cache_hit_ratio_source = ""
         st.missing = {k: "engine down" for k in ALL_MISSING_KEYS}
         st.replicas = 0
@@ -176,8 +184,11 @@ class EngineAnalyzer:
         st.missing = dict(r.missing)
         st.notes = list(r.notes[:20])
 
-        restarts = tr.bank.update(r.start_time, r.counters)
-        st.restarts_detected = max(st.restarts_detected + restarts, 0)
+        st.models_loaded = r.models_loaded
+        restarts = tr.bank.update(r.start_time, r.counters, r.group_models)
+        ambiguous, correction = tr.life.observe(t, tr.bank.blind_reset)
+        st.restarts_detected = max(st.restarts_detected + restarts + correction, 0)
+        st.restarts_total = tr.life.publish(st.restarts_detected)
         st.series_groups = tr.bank.groups()
         refused = tr.bank.refused + r.groups_left_out
         st.limit = (
@@ -190,6 +201,10 @@ class EngineAnalyzer:
                 f"{st.replicas} processes answer at this URL (process_start_time_seconds "
                 "alternates): counters are summed per process, gauges are the last answer's"
             )
+        st.ambiguous = ambiguous
+        if ambiguous:
+            self._ambiguous(st, tr)
+            return
         totals = tr.bank.totals()
         tr.kv.push(t, {k: totals[k] for k in (c.PREFIX_HITS, c.PREFIX_QUERIES) if k in totals})
         tr.queue.push(t, {
@@ -211,6 +226,28 @@ class EngineAnalyzer:
         if tr.sli is None:
             tr.sli = Window(self.queue_cfg.window_seconds)
         slis.update(st, tr.sli, r, totals, t, self.quantiles)
+        st.unread_families = list(r.unread_families)
+        slis.update_models(st, tr.models, tr.bank.totals_by_model(), r, t, self.quantiles,
+                           self.queue_cfg.window_seconds)
+
+    def _ambiguous(self, st: EngineState, tr: _Track) -> None:
+        """Counters of an ambiguous endpoint are fabricated: nothing is derived from them,
+        and what was counted before starts again from nothing once it clears."""
+        st.reason = tr.life.why()
+        tr.bank = self._bank(st.name)
+        tr.kv, tr.queue = Window(tr.kv.seconds), Window(tr.queue.seconds)
+        tr.sli, tr.models = None, {}
+        for name in ("prefix_cache_hits_total", "prefix_cache_queries_total", "preemptions_total",
+                     "queue_requests_total", "queue_seconds_total", "kv_cache_hit_ratio",
+                     "kv_cache_queries_in_window", "queue_latency_mean_seconds",
+                     "queue_requests_in_window", "preemption_rate_per_second"):
+            setattr(st, name, None)
+        st.queue_latency_seconds = {}
+        slis.clear(st)
+        st.models = {}
+        for key in (c.PREFIX_CACHE, c.KV_HIT_RATIO, c.QUEUE_LATENCY, c.QUEUE_MEAN, c.PREEMPTION,
+                    *slis.n.MISSING_KEYS):
+            st.missing[key] = "ambiguous endpoint: " + st.reason.split(":", 1)[0]
 
     def _hit_ratio(self, st: EngineState, tr: _Track, r: c.Reading) -> None:
         w = self.kv_cfg.window_seconds

@@ -67,7 +67,7 @@ class Vllm(Server):
     kind = "vllm"
 
     def __init__(self, workdir: Path, port: int | None = None, *extra: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, timeout: float = 480) -> None:
         port = port or free_port()
         model = vllm_model(workdir)
         argv = [str(build.vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
@@ -79,7 +79,7 @@ class Vllm(Server):
         base = f"http://127.0.0.1:{port}"
         super().__init__(workdir, argv, f"vllm-{port}",
                          _env(VLLM_CPU_KVCACHE_SPACE="1", **(env or {})),
-                         base, base + "/metrics", timeout=240)
+                         base, base + "/metrics", timeout=timeout)
 
 
 class LlamaServer(Server):

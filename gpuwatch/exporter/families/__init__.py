@@ -14,6 +14,7 @@ MODULES = (
     "gpuwatch.exporter.families.gpu_depth",
     "gpuwatch.exporter.families.process",
     "gpuwatch.exporter.families.engines",
+    "gpuwatch.exporter.families.serving",
     "gpuwatch.exporter.families.memory_signals",
     "gpuwatch.exporter.families.remediation",
     "gpuwatch.exporter.families.allocator",
