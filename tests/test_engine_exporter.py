@@ -10,9 +10,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from gpuwatch.exporter.families import MODULES
+from gpuwatch.exporter.families import MODULES, serving
 from gpuwatch.exporter.families import engines as family
-from gpuwatch.exporter.families import serving
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions

@@ -13,8 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from gpuwatch.exporter.families import engines as family
+from gpuwatch.exporter.families import serving
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.state_json import state_document
+from gpuwatch.exposition.layout import LE_LABELS
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
@@ -39,8 +41,9 @@ def run(*texts: str, t0: float = 0.0, step: float = 30.0):
 
 def exported(derived: Derived) -> dict[str, list]:
     registry = CollectorRegistry()
+    snap = Snapshot(derived=derived)
     registry.register(type("C", (), {
-        "collect": lambda self: family.collect(Snapshot(derived=derived))})())
+        "collect": lambda self: [*family.collect(snap), *serving.collect(snap)]})())
     out: dict[str, list] = {}
     for fam in text_string_to_metric_families(generate_latest(registry).decode()):
         for s in fam.samples:
@@ -61,9 +64,9 @@ def buckets(body: str, name: str) -> tuple[tuple[float, ...], list[float]]:
 
 
 @pytest.mark.parametrize(("sli", "engine_name", "metric"), [
-    ("ttft", "vllm:time_to_first_token_seconds", "gpuwatch_engine_time_to_first_token_seconds"),
-    ("itl", "vllm:inter_token_latency_seconds", "gpuwatch_engine_inter_token_latency_seconds"),
-    ("e2e", "vllm:e2e_request_latency_seconds", "gpuwatch_engine_e2e_request_latency_seconds"),
+    ("ttft", "vllm:time_to_first_token_seconds", "gpuwatch_engine_time_to_first_token"),
+    ("itl", "vllm:inter_token_latency_seconds", "gpuwatch_engine_inter_token_latency"),
+    ("e2e", "vllm:e2e_request_latency_seconds", "gpuwatch_engine_e2e_request_latency"),
 ])
 def test_vllm_quantiles_are_histogram_quantile_of_bucket_increases(sli, engine_name, metric):
     first = text("vllm-0.33.0-statlogger.prom")
@@ -74,16 +77,28 @@ def test_vllm_quantiles_are_histogram_quantile_of_bucket_increases(sli, engine_n
     assert deltas[-1] > 0
     derived = run(first, later)
     st = derived.engines["e"]
-    got = exported(derived)[metric]
-    by_q = {lab["quantile"]: v for lab, v in got if "quantile" in lab}
+    got = exported(derived)
+    by_q = {lab["quantile"]: v for lab, v in got[metric + "_window_seconds"]}
     assert set(by_q) == {"0.5", "0.95", "0.99"}
     for q, v in by_q.items():
         assert v == pytest.approx(histogram_quantile(float(q), bounds, deltas))
     assert st.sli_requests_in_window[sli] == deltas[-1]
-    # count and sum are the engine's cumulative ones
-    count = next(v for _, v in exported(derived)[metric + "_count"])
-    assert count == c1[-1]
+    # count and sum are the engine's cumulative ones, the mean the window's
+    assert next(v for _, v in got[metric + "_seconds_count"]) == c1[-1]
+    _, s0 = buckets_sum(first, engine_name)
+    _, s1 = buckets_sum(later, engine_name)
+    assert next(v for _, v in got[metric + "_mean_seconds"]) == pytest.approx(
+        (s1 - s0) / deltas[-1])
+    # the buckets on gpuwatch's layout, cumulative, ending in the engine's count
+    mapped = [v for _, v in got[metric + "_seconds_bucket"]]
+    assert len(mapped) == len(LE_LABELS) and mapped == sorted(mapped) and mapped[-1] == c1[-1]
     assert st.sli_source[sli] == engine_name
+
+
+def buckets_sum(body: str, name: str) -> tuple[float, float]:
+    values = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples
+              if s.name in (name + "_count", name + "_sum")}
+    return values[name + "_count"], values[name + "_sum"]
 
 
 @pytest.mark.parametrize("base", GENERATED)
@@ -164,7 +179,9 @@ def test_triton_gives_a_mean_e2e_latency_and_an_error_ratio_from_the_real_server
     assert "gpuwatch_engine_e2e_request_latency_mean_seconds" in got
     assert got["gpuwatch_engine_e2e_request_latency_seconds_count"][0][1] == 43
     assert got["gpuwatch_engine_e2e_request_latency_seconds_sum"][0][1] == pytest.approx(1.297512)
-    assert "gpuwatch_engine_e2e_request_latency_seconds" not in got  # no quantiles
+    # no quantiles of gpuwatch's own, and only the +Inf bucket
+    assert got["gpuwatch_engine_e2e_request_latency_seconds_bucket"] == [
+        ({"engine": "e", "kind": "triton", "model": "scale", "le": "+Inf"}, 43)]
     assert st.requests_finished_total.keys() == {"ok", "abort", "error"}
     assert st.request_error_ratio == 0.0
     assert "gpuwatch_engine_time_to_first_token_seconds" not in got

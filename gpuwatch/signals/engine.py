@@ -17,8 +17,9 @@ from gpuwatch.signals import slis
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.config import EngineLimits, KvCacheSignalConfig, QueueSignalConfig
 from gpuwatch.signals.derived import Derived, EngineState
+from gpuwatch.signals.engine_events import judge_kv, judge_queue
 from gpuwatch.signals.engine_life import EngineLife
-from gpuwatch.signals.windows import EngineCounters, Window, histogram_quantile
+from gpuwatch.signals.windows import EngineCounters, Window
 
 SIGNALS = ("engine_down", "kv_cache_hit_ratio", "queue_latency")
 ALL_MISSING_KEYS = (
@@ -301,7 +302,7 @@ class EngineAnalyzer:
                     st.missing[c.QUEUE_LATENCY] = f"no request left the queue in the last {w:g}s"
                 else:
                     for q in self.quantiles:
-                        v = histogram_quantile(q, r.queue_bounds, deltas)
+                        v, _ = slis.quantile(q, r.queue_bounds, deltas)
                         if _seconds(v) is not None:
                             st.queue_latency_seconds[qlabel(q)] = v
                         elif v is not None:
@@ -364,70 +365,15 @@ class EngineAnalyzer:
             )
         events += conditions.set(t, down, ("engine_down", None, None, name))
         if st.up:
-            events += self._judge_kv(t, st, conditions)
-            events += self._judge_queue(t, st, conditions)
+            events += judge_kv(self.kv_cfg, t, st, conditions)
+            tr = self.tracks.get(st.name)
+            events += judge_queue(self.queue_cfg, t, st, conditions,
+                                  bool(tr and tr.has_histogram))
         elif down is not None:
             # Its other conditions cannot be judged any more; engine_down says why.
             events += conditions.set(t, None, ("kv_cache_hit_ratio", None, None, name))
             events += conditions.set(t, None, ("queue_latency", None, None, name))
         return events
-
-    def _judge_kv(self, t: float, st: EngineState, conditions: Conditions) -> list[Event]:
-        cfg = self.kv_cfg
-        key = ("kv_cache_hit_ratio", None, None, st.name)
-        ratio = st.kv_cache_hit_ratio
-        if not cfg.floor or ratio is None:
-            return conditions.set(t, None, key)
-        windowed = st.kv_cache_hit_ratio_source == "window"
-        if windowed and (st.kv_cache_queries_in_window or 0.0) < cfg.min_queries:
-            return []  # too little traffic to judge: keep the current state
-        severity, threshold = None, cfg.floor
-        if cfg.critical_floor and ratio < cfg.critical_floor:
-            severity, threshold = "critical", cfg.critical_floor
-        elif ratio < cfg.floor:
-            severity = "warning"
-        if severity is None:
-            return conditions.set(t, None, key)
-        what = (f"over the last {cfg.window_seconds:g}s" if windowed
-                else "as computed by the engine since it started")
-        ev = Event(
-            t=t, signal="kv_cache_hit_ratio", state="firing", severity=severity,
-            engine=st.name, value=ratio, threshold=threshold,
-            message=f"engine {st.name}: KV-cache hit ratio {ratio:.3f} {what} is below "
-                    f"{threshold:g}",
-        )
-        return conditions.set(t, ev, key)
-
-    def _judge_queue(self, t: float, st: EngineState, conditions: Conditions) -> list[Event]:
-        cfg = self.queue_cfg
-        key = ("queue_latency", None, None, st.name)
-        if not cfg.slo_seconds:
-            return conditions.set(t, None, key)
-        q = qlabel(cfg.slo_quantile)
-        value = st.queue_latency_seconds.get(q)
-        what = f"p{float(q) * 100:g} queue time"
-        tr = self.tracks.get(st.name)
-        if value is None and cfg.judge_mean_without_histogram and tr and not tr.has_histogram:
-            value = st.queue_latency_mean_seconds
-            what = "mean queue time (the engine has no queue-time histogram)"
-        if value is None:
-            return conditions.set(t, None, key)
-        if (st.queue_requests_in_window or 0.0) < cfg.min_requests:
-            return []
-        severity, threshold = None, cfg.slo_seconds
-        if cfg.critical_seconds and value > cfg.critical_seconds:
-            severity, threshold = "critical", cfg.critical_seconds
-        elif value > cfg.slo_seconds:
-            severity = "warning"
-        if severity is None:
-            return conditions.set(t, None, key)
-        ev = Event(
-            t=t, signal="queue_latency", state="firing", severity=severity, engine=st.name,
-            value=value, threshold=threshold,
-            message=f"engine {st.name}: {what} {value:.3g}s over the last "
-                    f"{cfg.window_seconds:g}s exceeds {threshold:g}s",
-        )
-        return conditions.set(t, ev, key)
 
     def _forget(self, t: float, derived: Derived, conditions: Conditions) -> list[Event]:
         limit = self.discovery.forget_after_seconds

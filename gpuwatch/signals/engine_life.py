@@ -31,11 +31,9 @@ class EngineLife:
         while self.resets and self.resets[0] <= t - self.window:
             self.resets.popleft()
         correction = 0
-        if was and blind_reset:
-            correction = -1
-            self.ambiguous_until = t + self.window
-        elif len(self.resets) >= 2:
-            correction = -len(self.resets)  # this one and those counted before it
+        if blind_reset and (was or len(self.resets) >= 2):
+            # not restarts: this one, and (as it turns ambiguous) those counted before it
+            correction = -1 if was else -len(self.resets)
             self.ambiguous_until = t + self.window
         elif not was:
             self.ambiguous_until = None

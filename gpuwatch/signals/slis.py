@@ -150,7 +150,8 @@ def update_models(st, windows: dict[str, Window], by_model: dict[str, dict[str, 
     for group, qs in r.engine_quantiles.items():
         engine_q.setdefault(r.group_models.get(group, ""), {}).update(qs)
     models = {}
-    for model, totals in by_model.items():
+    for model in present:  # the models served now (an unloaded one keeps its totals)
+        totals = by_model.get(model, {})
         ms = st.models.get(model) or ModelSlis()
         ms.missing = {}
         window = windows.get(model) or windows.setdefault(model, Window(seconds))
