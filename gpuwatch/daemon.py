@@ -25,6 +25,7 @@ from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
 from gpuwatch import config as config_mod
 from gpuwatch.attribution.source import make_source as make_attribution
 from gpuwatch.config import Config, ConfigError
+from gpuwatch.engine_feed import EngineFeed
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
@@ -67,7 +68,10 @@ class Daemon:
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
         self._version = 0
-        self._pending_engines: list[EngineSample] = []
+        self._engine_version = 0  # engine ticks published, for the renderer
+        self._last_tick_t = 0.0
+        self._acting = asyncio.Lock()
+        self.engine_feed = EngineFeed(self.run_tick)
         self._recorder: Recorder | None = None
         self._events_log = None
         self._stop = asyncio.Event()
@@ -100,11 +104,8 @@ class Daemon:
         return samples
 
     def _take_engines(self, now: float) -> list[EngineSample]:
-        engines, self._pending_engines = self._pending_engines, []
         sim = getattr(self.backend, "engines", None)
-        if sim is not None:
-            engines += sim(now)
-        return engines
+        return sim(now) if sim is not None else []
 
     async def tick_once(self) -> Tick:
         now = time.time()
@@ -114,10 +115,17 @@ class Daemon:
             self._extras["gpu_owners"] = self.attribution.gpu_owners
         probes = await self._probes(now, gpus)
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
+        await self.run_tick(tick)
+        return tick
+
+    async def run_tick(self, tick: Tick) -> None:
+        """Analyze, publish and act on one tick: the host's, or engine scrapes as they came."""
+        tick.t = max(tick.t, self._last_tick_t)  # one order for the pipeline and the recording
+        self._last_tick_t = tick.t
         events = self._process(tick)
         if self.remediator is not None:
-            self._log_actions(await self.remediator.on_events(events, self.snapshot))
-        return tick
+            async with self._acting:  # host and engine ticks act one at a time
+                self._log_actions(await self.remediator.on_events(events, self.snapshot))
 
     def _log_actions(self, actions: list[ActionEvent]) -> None:
         for action in actions:
@@ -146,7 +154,7 @@ class Daemon:
                     logfmt.human_line(ev))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
-        self._publish(tick, ready=True)
+        self._publish(tick, ready=not tick.engines_only)
         return events
 
     def _log_event(self, ev: Event | ActionEvent) -> None:
@@ -155,10 +163,16 @@ class Daemon:
 
     def _publish(self, tick: Tick | None, ready: bool) -> None:
         self._version += 1
+        if tick is not None and tick.engines:
+            self._engine_version += 1
         if self.remediator is not None:
             self._extras["remediation"] = self.remediator.counters()
+        if tick is not None and tick.engines_only:
+            tick = Tick(t=tick.t, gpus=self.snapshot.tick.gpus, probes=self.snapshot.tick.probes,
+                        engines=tick.engines) if self.snapshot.tick else tick
         self.snapshot = Snapshot(
             version=self._version,
+            engine_version=self._engine_version,
             tick=tick,
             derived=self.pipeline.derived,
             sources={k: dataclasses.replace(v) for k, v in self.sources.items()},
@@ -199,7 +213,7 @@ class Daemon:
 
     # -- engines ----------------------------------------------------------------------
     def _engine_sink(self, sample: EngineSample) -> None:
-        self._pending_engines.append(sample)
+        self.engine_feed.put(sample)
         st = self.sources.setdefault(f"engine:{sample.name}", SourceStatus())
         st.last_duration_seconds = sample.duration_seconds
         if sample.error:
@@ -217,7 +231,10 @@ class Daemon:
         from gpuwatch.sources.engines import EngineSource
 
         source = EngineSource(self.config.engines, self.config.discovery)
-        self._engine_task = asyncio.create_task(source.run(self._engine_sink))
+
+        async def run() -> None:
+            await asyncio.gather(source.run(self._engine_sink), self.engine_feed.run())
+        self._engine_task = asyncio.create_task(run())
 
     # -- configuration ----------------------------------------------------------------
     def request_reload(self) -> None:

@@ -112,6 +112,8 @@ class EngineSample(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True):
     t: float | None = None
     duration_seconds: float | None = None
     pids: list[int] = []
+    # What the engine's info endpoint says (sources/engine_info.py): version, model.
+    info: dict[str, str] = {}
 
 
 class ProbeSample(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -140,6 +142,9 @@ class Tick(msgspec.Struct, omit_defaults=True, kw_only=True):
     gpus: list[GpuSample] = []
     engines: list[EngineSample] = []
     probes: list[ProbeSample] = []
+    # Engine scrapes as they arrive, between the host's ticks: only the engine analyzer
+    # reads them (no GPU was sampled: an empty list here says nothing about the GPUs).
+    engines_only: bool = False
 
 
 class RecordingHeader(msgspec.Struct, kw_only=True):

@@ -40,21 +40,26 @@ class RuleParams:
     leak_keep_firing_for: str = "2m"
     # spec §4: compaction past 35 % fragmentation
     fragmentation_ratio: float = 0.35
-    # What a good hit ratio is depends on the workload's shared prefixes: tune it.
-    kv_hit_ratio_min: float = 0.2
-    # below this query rate (tokens/s) a hit ratio says nothing
+    # The hit-ratio floor is the daemon's own ([signals.kv_cache] floor, exported as
+    # gpuwatch_engine_kv_cache_hit_ratio_floor): what a good ratio is depends on the
+    # workload's shared prefixes. Below this query rate (tokens/s) a ratio says nothing.
     kv_min_queries_per_second: float = 5.0
-    # the daemon's [signals.queue] slo_quantile and slo_seconds
+    # the daemon's [signals.queue] slo_quantile, slo_seconds and min_requests
     queue_latency_quantile: str = "0.95"
     queue_latency_slo_seconds: float = 5.0
+    queue_min_requests: float = 10
     preemptions_per_second: float = 0.1
-    # serving SLOs: the quantile of time to first token and of end-to-end latency judged,
-    # and the share of finished requests that may end in an error (above a minimum rate)
+    # Serving SLOs per model (serving_rules.py): this share of requests gets its first
+    # token within ttft_slo_seconds and its answer within e2e_slo_seconds (both bounds of
+    # gpuwatch's bucket layout), and this share ends without an error; no burn-rate alert
+    # on fewer than slo_min_requests requests in its short window. sli_quantile is the
+    # quantile the dashboards draw.
     sli_quantile: str = "0.95"
     ttft_slo_seconds: float = 2.0
     e2e_slo_seconds: float = 60.0
-    error_ratio_max: float = 0.05
-    error_min_requests_per_second: float = 0.1
+    latency_objective: float = 0.99
+    availability_objective: float = 0.99
+    slo_min_requests: float = 20
     # NVLink CRC/replay/recovery errors per second, summed over links
     nvlink_errors_per_second: float = 0.1
     # PrometheusRule custom resource, in the DaemonSet's namespace. `release` is what
@@ -73,6 +78,12 @@ class RuleParams:
             raise ValueError(f"queue_latency_quantile: {self.queue_latency_quantile!r}")
         if not re.fullmatch(r"[0-9.]+", self.sli_quantile):
             raise ValueError(f"sli_quantile: {self.sli_quantile!r}")
+        for name in ("latency_objective", "availability_objective"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be strictly between 0 and 1")
+        from gpuwatch.monitoring.serving_rules import check  # it builds on this module
+
+        check(self)
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,8 @@ def _span(seconds: float) -> str:
 
 
 def recording_rules(p: RuleParams) -> list[Recording]:
+    from gpuwatch.monitoring import serving_rules  # it builds on this module
+
     j = f'job="{p.job}"'
     engine = "job, instance, engine, kind, model"
     return [
@@ -186,6 +199,7 @@ def recording_rules(p: RuleParams) -> list[Recording]:
         Recording("action_result:gpuwatch_remediation_actions:rate5m",
                   f"sum by (job, action, result) "
                   f"(rate(gpuwatch_remediation_actions_total{{{j}}}[5m]))"),
+        *serving_rules.recording(p),
     ]
 
 
@@ -200,7 +214,8 @@ def _new_or_increased(metric: str, window: str) -> str:
 
 
 def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
-    from gpuwatch.monitoring.health_rules import hardware_alerts  # it builds on this module
+    from gpuwatch.monitoring import serving_rules  # it builds on this module
+    from gpuwatch.monitoring.health_rules import hardware_alerts
 
     j = f'job="{p.job}"'
     ident = "{{ $labels.instance }} GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
@@ -221,7 +236,6 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
     ttoom = _value_of("gpuwatch_gpu_time_to_oom_seconds", p.job, gpu_keys, "humanizeDuration",
                       "")
     leak_keep = p.leak_keep_firing_for
-    q = p.queue_latency_quantile
 
     exporter = [
         Alert("GpuwatchExporterDown", f"up{{{j}}} == 0", "critical",
@@ -307,28 +321,15 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
         Alert("GpuwatchEngineDown", f"gpuwatch_engine_up{{{j}}} == 0", "critical",
               "An inference engine does not answer.",
               f"gpuwatch could not read the metrics of {eng} for 5 minutes.", "5m"),
-        Alert("GpuwatchKvCacheHitRatioLow",
-              f"instance_engine:gpuwatch_engine_prefix_cache_hit:ratio_rate5m{{{j}}} < "
-              f"{_num(p.kv_hit_ratio_min)}\nand\n"
-              f"instance_engine:gpuwatch_engine_prefix_cache_queries:rate5m{{{j}}} > "
-              f"{_num(p.kv_min_queries_per_second)}", "warning",
-              "The prefix (KV) cache hit ratio is low.",
-              f"Only {{{{ $value | humanizePercentage }}}} of the prompt tokens of {eng} "
-              "were served from the prefix cache over 5 minutes, for 15 minutes.", "15m"),
-        Alert("GpuwatchQueueLatencyHigh",
-              f'gpuwatch_engine_queue_latency_seconds{{{j},quantile="{q}"}} > '
-              f"{_num(p.queue_latency_slo_seconds)}", "warning",
-              "Requests wait too long in an engine's queue.",
-              f"The {q} quantile of queue time of {eng} is "
-              "{{ $value | humanizeDuration }}, above the "
-              f"{_num(p.queue_latency_slo_seconds)} s objective.", "10m"),
+        serving_rules.kv_alert(p, j, eng),
+        serving_rules.queue_alert(p, j, eng),
         Alert("GpuwatchEnginePreemptions",
               f"instance_engine:gpuwatch_engine_preemptions:rate5m{{{j}}} > "
               f"{_num(p.preemptions_per_second)}", "warning",
               "An inference engine keeps preempting requests.",
               f"{eng} preempts {{{{ $value | printf \"%.2f\" }}}} requests per second: "
               "its KV cache is too small for the load.", "15m"),
-        *serving_alerts(p, j, eng),
+        *serving_rules.alerts(p, j, eng),
     ]
     remediation = [
         Alert("GpuwatchRemediationFailed", _new_or_increased(failed, "15m"), "warning",
@@ -343,34 +344,6 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
         "gpuwatch-engines": engines,
         "gpuwatch-remediation": remediation,
     }
-
-
-def serving_alerts(p: RuleParams, j: str, eng: str) -> list[Alert]:
-    """Serving SLOs: time to first token, end-to-end latency, errors."""
-    q = p.sli_quantile
-    out = [
-        Alert(f"Gpuwatch{name}High",
-              f'gpuwatch_engine_{metric}_seconds{{{j},quantile="{q}"}} > {_num(slo)}',
-              "warning", f"{what} is above its objective.",
-              f"The {q} quantile of {what.lower()} of {eng} is "
-              f"{{{{ $value | humanizeDuration }}}}, above the {_num(slo)} s objective.", "10m")
-        for name, metric, what, slo in (
-            ("TimeToFirstToken", "time_to_first_token", "Time to first token",
-             p.ttft_slo_seconds),
-            ("EndToEndLatency", "e2e_request_latency", "End-to-end request latency",
-             p.e2e_slo_seconds),
-        )
-    ]
-    out.append(Alert(
-        "GpuwatchEngineErrorRatioHigh",
-        f"instance_engine:gpuwatch_engine_request_error:ratio_rate5m{{{j}}} > "
-        f"{_num(p.error_ratio_max)}\nand\n"
-        f"instance_engine:gpuwatch_engine_requests_finished:rate5m{{{j}}} > "
-        f"{_num(p.error_min_requests_per_second)}", "warning",
-        "An inference engine fails too many requests.",
-        f"{{{{ $value | humanizePercentage }}}} of the requests finished by {eng} over "
-        "5 minutes ended in an error, for 10 minutes.", "10m"))
-    return out
 
 
 def rules_document(p: RuleParams) -> dict:

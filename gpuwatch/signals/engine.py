@@ -140,6 +140,7 @@ class EngineAnalyzer:
             return
         try:
             self._up(st, tr, reading, t)
+            self._info(st, reading, sample.info)
         except Exception as exc:
             self._down(st, f"could not normalize the exposition: {type(exc).__name__}: {exc}")
 
@@ -230,6 +231,14 @@ class EngineAnalyzer:
         st.unread_families = list(r.unread_families)
         slis.update_models(st, tr.models, tr.bank.totals_by_model(), r, t, self.quantiles,
                            self.queue_cfg.window_seconds)
+
+    @staticmethod
+    def _info(st: EngineState, r: c.Reading, info: dict[str, str]) -> None:
+        """What the engine's info endpoint says: its version, and the model where its
+        metrics do not name it (llama.cpp)."""
+        st.version = str(info.get("version", ""))[:64]
+        if not st.model and not r.model_label and info.get("model"):
+            st.model = str(info["model"])[:c.MAX_MODEL_CHARS]
 
     def _ambiguous(self, st: EngineState, tr: _Track) -> None:
         """Counters of an ambiguous endpoint are fabricated: nothing is derived from them,
