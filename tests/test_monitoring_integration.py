@@ -24,6 +24,8 @@ warmup_settle_seconds = 10.0
 warmup_max_seconds = 30.0
 """
 FAST_SIGNALS = FAST_LIFECYCLE + """
+[signals.kv_cache]
+floor = 0.2
 [signals.leak]
 bucket_seconds = 5.0
 floor_window_seconds = 15.0

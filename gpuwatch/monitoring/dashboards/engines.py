@@ -51,7 +51,7 @@ def inference_engines(p: RuleParams | None = None) -> g.Dashboard:
                    "one URL (nothing is derived from its counters then).",
                    [(f"increase(gpuwatch_engine_restarts_total{{{e}}}[$__rate_interval])",
                      f"{el} restarts"),
-                    (f"gpuwatch_engine_ambiguous{{{e}}} == 1", f"{el} ambiguous")],
+                    (f"gpuwatch_engine_ambiguous{{{e}}}", f"{el} ambiguous")],
                    "short", w=6, h=6, bars=True,
                    overrides=[by_regex(".* ambiguous$", color=fixed("red"))]),
         grid.row("Queue"),
