@@ -272,7 +272,7 @@ def test_a_real_vllm_server_under_load_moves_the_slis(idle):
     assert "vllm:estimated_flops_per_gpu" in st.unread_families
 
 
-def test_the_real_llamacpp_server_counts_tokens_and_has_no_latency_slis():
+def test_the_real_llamacpp_server_counts_tokens_and_its_mean_times_per_token():
     names = [f"llamacpp-0.3.36-real-{p}.prom" for p in ("idle", "load", "after")]
     derived = run(*(text(n) for n in names))
     st = derived.engines["e"]
@@ -285,7 +285,20 @@ def test_the_real_llamacpp_server_counts_tokens_and_has_no_latency_slis():
     assert st.generation_tokens_total == total(last, "llamacpp:tokens_predicted_total") > 0
     assert st.prompt_tokens_total == total(last, "llamacpp:prompt_tokens_total") + total(
         last, "llamacpp:prompt_tokens_cached_total") > 0
-    assert st.sli_quantiles_seconds == {} and st.sli_mean_seconds == {}
+    # no histogram, so no quantiles; the time per token it decoded and per prompt token it
+    # processed over the window, from its own seconds and token counters
+    assert st.sli_quantiles_seconds == {}
+    prev = text(names[0])  # the window (300 s) holds all three scrapes
+
+    def per_token(seconds, tokens):
+        return (total(last, seconds) - total(prev, seconds)) / (
+            total(last, tokens) - total(prev, tokens))
+
+    assert st.sli_mean_seconds["itl"] == pytest.approx(per_token(
+        "llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total"))
+    assert st.sli_mean_seconds["ptpt"] == pytest.approx(per_token(
+        "llamacpp:prompt_seconds_total", "llamacpp:prompt_tokens_total"))
+    assert 1e-5 < st.sli_mean_seconds["itl"] < 0.01
     assert "no time to first token" in st.missing["ttft"]
     assert "llamacpp:n_decode" in st.unread_families
 

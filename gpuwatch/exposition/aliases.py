@@ -39,12 +39,13 @@ ROLES = {
     "itl": "inter-token latency",
     "tpot": "time per output token (per request)",
     "e2e": "end-to-end request latency",
+    "ptpt": "time per prompt token",
     "prompt_tokens": "prompt tokens",
     "generation_tokens": "generated tokens",
     "finished": "finished requests by reason",
     "failed": "failed requests",
     "waiting_by_reason": "waiting requests by reason",
-    "client_requests": "requests answered by its HTTP layer, by status",
+    "client_requests": "HTTP status counter",
     "latency_summary": "the engine's own windowed latency quantiles",
     "server": "server families written with or without a model loaded",
     # read by the engine modules (gpuwatch/exposition/*)
@@ -191,6 +192,12 @@ LLAMACPP = (
           fixture=LC_FIX, shape="counter"),
     Alias("llamacpp:tokens_predicted", "generation_tokens", source=LC_DOC,
           fixture=LC_FIX, shape="counter"),
+    # the time spent decoding over the tokens decoded: the mean inter-token latency (the
+    # server's own timings say the same), and the prompt's per processed token
+    Alias("llamacpp:tokens_predicted_seconds", "itl", source=LC_DOC, fixture=LC_FIX,
+          shape="sum", count="llamacpp:tokens_predicted"),
+    Alias("llamacpp:prompt_seconds", "ptpt", source=LC_DOC, fixture=LC_FIX, shape="sum",
+          count="llamacpp:prompt_tokens"),
     Alias("llamacpp:kv_cache_usage_ratio", "kv_usage", removed="unknown",
           source="llama.cpp PR #13660 removed the KV-cache gauges (listed in #22879)",
           fixture="", shape="gauge"),

@@ -27,13 +27,14 @@ import bisect
 import math
 from collections.abc import Sequence
 
-# Seconds. Dense where time-to-first-token and inter-token objectives live (50 ms - 2.5 s), and
-# every bound vLLM's request-latency histograms start at (0.3 s), so that their first bucket
-# maps exactly; 1.5 - 3x apart elsewhere, up to half an hour.
+# Seconds: the union of the layouts engines share, so that theirs map exactly: time to first
+# token as vLLM, SGLang and OpenTelemetry's gen_ai.server.time_to_first_token bucket it
+# (0.001 ... 10), time per output token likewise (0.01 ... 2.5), and vLLM's request latency
+# (end to end, queue, prefill, decode: 0.3 ... 7680), with 0.5 ms and 2.5 ms for fast decoders.
 BOUNDS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3,
-    0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
-    600.0, 1800.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.025, 0.04, 0.05, 0.06, 0.075, 0.08, 0.1,
+    0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 15.0,
+    20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
 # as client libraries write them (le="1.0"), which rules select by
 LE_LABELS: tuple[str, ...] = (*(repr(float(b)) for b in BOUNDS), "+Inf")

@@ -14,7 +14,8 @@ from gpuwatch.exposition import common as c
 from gpuwatch.exposition.parse import Exposition, wanted_names
 
 TTFT, ITL, E2E = "ttft", "itl", "e2e"
-SLIS = (TTFT, ITL, E2E)
+PROMPT_TOKEN = "ptpt"  # time per prompt token, where an engine says (llama.cpp)
+SLIS = (TTFT, ITL, E2E, PROMPT_TOKEN)
 PROMPT_TOKENS = "prompt_tokens"
 GENERATION_TOKENS = "generation_tokens"
 TOKENS = (PROMPT_TOKENS, GENERATION_TOKENS)
@@ -33,8 +34,8 @@ MISSING_KEYS = (*SLIS, *(s + "_mean" for s in SLIS), *TOKENS, "requests_finished
                 ERROR_RATIO, CLIENT_ERROR_RATIO, WAITING_BY_REASON)
 MAX_REASONS = 16  # distinct waiting reasons kept (label values come from the engine)
 
-ROLES = ("ttft", "itl", "tpot", "e2e", "prompt_tokens", "generation_tokens", "finished",
-         "failed", "waiting_by_reason", "client_requests")
+ROLES = ("ttft", "itl", "tpot", "e2e", "ptpt", "prompt_tokens", "generation_tokens",
+         "finished", "failed", "waiting_by_reason", "client_requests")
 
 
 def key(sli: str, name: str) -> str:
@@ -116,10 +117,11 @@ def _latency(r: c.Reading, expo: Exposition, table: list, sli: str, group, ranks
             for n in tmp.notes:
                 c.note(r, n)
             return
-        if a.shape == "sum" and a.name in expo and a.count in expo:
-            ok = c.add_counter(r, expo, a.name, key(sli, c.QUEUE_SUM), group,
+        total, count = _sample(expo, a.name), _sample(expo, a.count)
+        if a.shape == "sum" and total and count:
+            ok = c.add_counter(r, expo, total, key(sli, c.QUEUE_SUM), group,
                                rank_labels=ranks, scale=a.scale, keep=keep)
-            ok &= c.add_counter(r, expo, a.count, key(sli, c.QUEUE_COUNT), group,
+            ok &= c.add_counter(r, expo, count, key(sli, c.QUEUE_COUNT), group,
                                 rank_labels=ranks, keep=keep)
             if ok:
                 r.sli_source[sli] = a.name
@@ -132,6 +134,13 @@ def _latency(r: c.Reading, expo: Exposition, table: list, sli: str, group, ranks
         r.sli_missing[sli] = f"{names} {c.NOT_EXPOSED}" if not why or why == c.NOT_EXPOSED \
             else why
     r.sli_missing[sli + "_mean"] = r.sli_missing[sli]
+
+
+def _sample(expo: Exposition, name: str) -> str:
+    """The sample name a counter family is written under (prometheus-cpp writes no _total)."""
+    if not name:
+        return ""
+    return name if name in expo else name + "_total" if name + "_total" in expo else ""
 
 
 def _reason(v: str) -> str:

@@ -33,6 +33,8 @@ LATENCIES = {
     "itl": ("gpuwatch_engine_inter_token_latency",
             "Time between output tokens (per-request TPOT where the engine has only that)"),
     "e2e": ("gpuwatch_engine_e2e_request_latency", "End-to-end request latency"),
+    "ptpt": ("gpuwatch_engine_prompt_time_per_token",
+             "Time the engine spent per prompt token it processed (llama.cpp)"),
 }
 
 
