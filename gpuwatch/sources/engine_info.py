@@ -6,7 +6,7 @@ endpoint that does, on the same server:
 | kind | endpoint | version | model |
 |---|---|---|---|
 | vllm | `GET /version` | `version` | (its metrics label) |
-| llamacpp | `GET /props` | `build_info` | `model_alias`, else the file name of `model_path` |
+| llamacpp | `GET /props` | `build_info` | the file name of `model_alias` (by default its `model_path`) |
 | sglang | `GET /get_server_info` | `version` | `served_model_name`, else `model_path` |
 | tgi | `GET /info` | `version` | `model_id` |
 | triton | `GET /v2` (its HTTP port, not the metrics port) | `version` | (per model, in metrics) |
@@ -63,9 +63,9 @@ def parse(kind: str, body: bytes) -> dict[str, str]:
     out = {"version": _text(doc.get("build_info" if kind == "llamacpp" else "version"),
                             MAX_VERSION)}
     if kind == "llamacpp":
-        path = _text(doc.get("model_path"), 4096)
-        out["model"] = _text(doc.get("model_alias"), MAX_MODEL) or _text(
-            os.path.basename(path), MAX_MODEL)
+        # its alias defaults to the model's path: the file name is what names the model
+        name = _text(doc.get("model_alias"), 4096) or _text(doc.get("model_path"), 4096)
+        out["model"] = _text(os.path.basename(name.rstrip("/")) or name, MAX_MODEL)
     elif kind == "sglang":
         out["model"] = _text(doc.get("served_model_name") or doc.get("model_path"), MAX_MODEL)
     elif kind == "tgi":

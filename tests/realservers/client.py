@@ -30,6 +30,8 @@ class Truth:
     completion_tokens: int = 0  # as the answers' usage said
     prompt_tokens: int = 0
     seconds: list[float] = field(default_factory=list)  # end to end, answered requests
+    # llama.cpp's per-request timings, summed: decoding and prompt milliseconds and tokens
+    timings: Counter = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -44,7 +46,8 @@ class Truth:
     def error_ratio(self) -> float:
         return self.errors / self.sent if self.sent else 0.0
 
-    def add(self, status: int, seconds: float, usage: dict | None = None) -> None:
+    def add(self, status: int, seconds: float, usage: dict | None = None,
+            timings: dict | None = None) -> None:
         with self.lock:
             self.statuses[status] += 1
             if 200 <= status < 300:
@@ -52,6 +55,8 @@ class Truth:
             if usage:
                 self.completion_tokens += int(usage.get("completion_tokens") or 0)
                 self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            for k in ("predicted_ms", "predicted_n", "prompt_ms", "prompt_n"):
+                self.timings[k] += float((timings or {}).get(k) or 0)
 
     def add_abort(self) -> None:
         with self.lock:
@@ -75,14 +80,16 @@ class OpenAIClient:
         self.truth = truth or Truth()
         self.port = int(base.rsplit(":", 1)[1])
 
-    def _post(self, body: dict, timeout: float = 60.0) -> None:
-        req = urllib.request.Request(self.base + "/v1/completions", data=json.dumps(body).encode(),
+    def _post(self, body: dict | bytes, timeout: float = 60.0) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + "/v1/completions", data=data,
                                      headers={"Content-Type": "application/json"})
         t0 = time.monotonic()
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 data = json.loads(r.read() or b"{}")
-                self.truth.add(r.status, time.monotonic() - t0, data.get("usage"))
+                self.truth.add(r.status, time.monotonic() - t0, data.get("usage"),
+                               data.get("timings"))
         except urllib.error.HTTPError as e:
             e.read()
             self.truth.add(e.code, time.monotonic() - t0)
@@ -94,11 +101,14 @@ class OpenAIClient:
                     "temperature": 0, "ignore_eos": True, "n_predict": max_tokens})
 
     def bad(self, i: int) -> None:
-        """A request the server must refuse: an unknown model or an invalid parameter."""
-        if i % 2:
+        """A request the server should refuse: an unknown model, an invalid parameter, a body
+        that is not JSON (the one llama.cpp refuses too)."""
+        if i % 3 == 0:
             self._post({"model": "no-such-model", "prompt": "x", "max_tokens": 4})
-        else:
+        elif i % 3 == 1:
             self._post({"model": self.model, "prompt": "x", "max_tokens": -1})
+        else:
+            self._post(b'{"model": "x", "prompt": ')
 
     def abort(self, after_bytes: int = 1) -> None:
         """A streamed completion the client walks away from after its first bytes."""
@@ -134,3 +144,55 @@ class OpenAIClient:
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(one, enumerate(plan)))
         return self.truth
+
+
+class TritonClient:
+    """Inferences against the test Triton's models (tests/realservers/triton_server.py):
+    `scale` always answers, `echo_text` fails (BACKEND) on the input "fail"."""
+
+    def __init__(self, base: str, truth: Truth | None = None) -> None:
+        assert base.startswith("http://127.0.0.1:"), "loopback only"
+        self.base = base
+        self.truth = truth or Truth()
+        self.by_model: Counter = Counter()  # (model, status) -> n
+
+    def _post(self, model: str, body: dict) -> int:
+        req = urllib.request.Request(f"{self.base}/v2/models/{model}/infer",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                r.read()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            e.read()
+            status = e.code
+        except OSError:
+            status = 0
+        self.truth.add(status, time.monotonic() - t0)
+        with self.truth.lock:
+            self.by_model[(model, status)] += 1
+        return status
+
+    def scale(self) -> int:
+        return self._post("scale", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                                "data": [1.0, 2.0, 3.0, 4.0]}]})
+
+    def echo(self, text: str) -> int:
+        return self._post("echo_text", {"inputs": [{"name": "text", "shape": [1],
+                                                    "datatype": "BYTES", "data": [text]}]})
+
+    def steady(self, per_second: float, seconds: float, stop: threading.Event | None = None):
+        """scale inferences at a steady rate, one at a time (a paced open loop)."""
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() - start < min(seconds, MAX_SECONDS):
+            if stop is not None and stop.is_set():
+                break
+            self.scale()
+            n += 1
+            pause = start + n / per_second - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        return n
