@@ -44,7 +44,8 @@ def engine_config(name: str, url: str, kind: str = "auto") -> str:
 
 
 def engine(d, name: str) -> dict:
-    return d.state()["signals"]["engines"][name]
+    """The engine's /api/state ({} until it has been scraped)."""
+    return d.state()["signals"]["engines"].get(name, {})
 
 
 def series(d, metric: str, **labels) -> list[float]:
@@ -176,7 +177,7 @@ def test_vllm_serving_signals_match_a_client_that_records_its_truth(vllm, daemon
     p = rules.RuleParams(queue_latency_slo_seconds=0.25)
     prom = prometheus([d.address, vllm.metrics_url.split("/")[2]],
                       rule_files=_rule_files(tmp_path, p=p))
-    st = wait_until(lambda: (e := engine(d, "vllm-0"))["up"] and e, 30, what="vLLM read")
+    st = wait_until(lambda: (e := engine(d, "vllm-0")).get("up") and e, 30, what="vLLM read")
     assert st["version"] == "0.32.0"  # from its /version
     before = counts(st)
     truth = OpenAIClient(vllm.base, "tiny-llama").mix(ok=30, bad=10, abort=6, threads=3,
@@ -327,7 +328,7 @@ def test_triton_keeps_each_models_errors_its_own_quantiles_and_one_engine_series
         triton, daemon, prometheus):
     d = daemon(config_toml=triton_config(triton))
     prom = prometheus([d.address])
-    wait_until(lambda: engine(d, "triton-0")["up"], 30, what="Triton up")
+    wait_until(lambda: engine(d, "triton-0").get("up"), 30, what="Triton up")
     client = TritonClient(triton.base)
     for _ in range(60):
         client.scale()
@@ -340,7 +341,7 @@ def test_triton_keeps_each_models_errors_its_own_quantiles_and_one_engine_series
 
     def echo_done():
         st = engine(d, "triton-0")
-        m = st["models"].get("echo_text", {})
+        m = st.get("models", {}).get("echo_text", {})
         done = sum(m.get("requests_finished_total", {}).values())
         return st if done >= 20 and "engine" in m.get("request_error_ratios", {}) else None
     st = wait_until(echo_done, 30, what="echo_text's 20 requests in gpuwatch")
@@ -383,7 +384,7 @@ def test_triton_cadence_each_scrape_changes_the_series_once_and_shows_at_the_nex
     rec = tmp_path / "cadence.jsonl"
     d = daemon("--record", str(rec), config_toml=triton_config(triton))
     prom = prometheus([d.address, triton.metrics_url.split("/")[2]])
-    wait_until(lambda: engine(d, "triton-0")["up"], 30, what="Triton up")
+    wait_until(lambda: engine(d, "triton-0").get("up"), 30, what="Triton up")
     client = TritonClient(triton.base)
     load = servers.Background(client.steady, 15.0, 50.0)
     time.sleep(45)
@@ -421,7 +422,7 @@ def test_triton_with_no_model_loaded_is_up_and_serves_nothing(triton, daemon, pr
 
     d = daemon(config_toml=triton_config(triton))
     prom = prometheus([d.address])
-    wait_until(lambda: engine(d, "triton-0")["models_loaded"], 30, what="models loaded")
+    wait_until(lambda: engine(d, "triton-0").get("models_loaded"), 30, what="models loaded")
     for model in ("scale", "echo_text"):
         req = urllib.request.Request(f"{triton.base}/v2/repository/models/{model}/unload",
                                      data=b"{}", method="POST")

@@ -6,7 +6,7 @@ endpoint that does, on the same server:
 | kind | endpoint | version | model |
 |---|---|---|---|
 | vllm | `GET /version` | `version` | (its metrics label) |
-| llamacpp | `GET /props` | `build_info` | the file name of `model_alias` (by default its `model_path`) |
+| llamacpp | `GET /props` | `build_info` | the file name of `model_alias` (default: its path) |
 | sglang | `GET /get_server_info` | `version` | `served_model_name`, else `model_path` |
 | tgi | `GET /info` | `version` | `model_id` |
 | triton | `GET /v2` (its HTTP port, not the metrics port) | `version` | (per model, in metrics) |
