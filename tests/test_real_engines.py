@@ -351,10 +351,11 @@ def test_triton_keeps_each_models_errors_its_own_quantiles_and_one_engine_series
     assert echo["request_error_ratios"]["engine"] == pytest.approx(5 / 20)
     assert scale["request_error_ratios"]["engine"] == 0.0
     assert echo["requests_finished_total"]["error"] == 5
-    # Triton's own quantiles of the end-to-end time (its summaries), and gpuwatch's mean
+    # Triton's own quantiles of the end-to-end time (its summaries, over its own window:
+    # this server's earlier tests too), and gpuwatch's mean over this run
     assert scale["sli_quantiles_from_engine"]["e2e"] == ["0.5", "0.95", "0.99"]
     q = scale["sli_quantiles_seconds"]["e2e"]
-    assert 0 < q["0.5"] <= q["0.95"] <= q["0.99"] <= max(client.truth.seconds)
+    assert 0 < q["0.5"] <= q["0.95"] <= q["0.99"] < 60
     assert 0 < scale["sli_mean_seconds"]["e2e"] <= max(client.truth.seconds)
     ratio = prom.wait_for('gpuwatch_engine_request_error_ratio{model="echo_text",'
                           'seen_by="engine"}', timeout=30)
