@@ -119,8 +119,9 @@ class Triton(Server):
         super().__init__(workdir, [str(py), str(HERE / "triton_server.py")],
                          f"triton-{http}", env, base, f"http://127.0.0.1:{metrics}/metrics",
                          timeout=180)
-        wait_until(lambda: http_get(base + "/v2/models/scale/ready", 1.0)[0] == 200, 60,
-                   what="triton model ready")
+        for model in ("scale", "echo_text"):
+            wait_until(lambda m=model: http_get(f"{base}/v2/models/{m}/ready", 1.0)[0] == 200,
+                       60, what=f"triton model {model} ready")
 
 
 def _post(url: str, body: dict, timeout: float = 60.0) -> int:
