@@ -298,6 +298,35 @@ def test_llamacpp_is_recognised_and_its_restart_counted_once(workdir, daemon, pr
         s.stop()
 
 
+def test_two_real_llamacpp_servers_behind_one_url_are_ambiguous_not_restarts(workdir, daemon):
+    """Replicas behind one URL with no process_start_time_seconds (llama.cpp has none): their
+    counters go back at almost every scrape. Read as restarts, each flip would add the
+    other's totals: rates, ratios and restarts invented from nothing."""
+    a, b = servers.LlamaServer(workdir), servers.LlamaServer(workdir)
+    proxy = None
+    try:
+        # only one of them serves: their counters differ
+        assert servers.completions(a.base, ["hello world"] * 4, threads=2,
+                                   max_tokens=32).count(200) == 4
+        proxy = servers.RoundRobin([a.metrics_url, b.metrics_url])
+        d = daemon(config_toml=engine_config("llama-lb", proxy.url))
+        st = wait_until(lambda: (st := engine(d, "llama-lb")).get("ambiguous") and st, 30,
+                        what="the endpoint marked ambiguous")
+        assert st["up"] and "several processes" in st["reason"]
+        assert st["generation_tokens_total"] is None and st["prefix_cache_queries_total"] is None
+        time.sleep(5)  # more flips change nothing
+        st = engine(d, "llama-lb")
+        assert st["ambiguous"] and st["restarts_total"] <= 1
+        assert series(d, "gpuwatch_engine_ambiguous", engine="llama-lb") == [1.0]
+        assert series(d, "gpuwatch_engine_generation_tokens_total", engine="llama-lb") == []
+        assert series(d, "gpuwatch_engine_up", engine="llama-lb") == [1.0]
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        a.stop()
+        b.stop()
+
+
 # -- Triton ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -360,9 +389,9 @@ def test_triton_keeps_each_models_errors_its_own_quantiles_and_one_engine_series
     ratio = prom.wait_for('gpuwatch_engine_request_error_ratio{model="echo_text",'
                           'seen_by="engine"}', timeout=30)
     assert float(ratio[0]["value"][1]) == pytest.approx(0.25)
-    # engine_up kept one label set (model="") while the models came and went
+    # engine_up kept one label set (model="", which Prometheus stores as no model label)
     ups = prom.query('count_over_time(gpuwatch_engine_up{engine="triton-0"}[5m])')
-    assert [u["metric"]["model"] for u in ups] == [""]
+    assert [u["metric"].get("model", "") for u in ups] == [""]
 
 
 def recorded_counts(path, engine_name: str, model: str) -> list[tuple[float, float]]:
@@ -435,10 +464,11 @@ def test_triton_with_no_model_loaded_is_up_and_serves_nothing(triton, daemon, pr
     time.sleep(3)
     state = d.state()
     assert not [e for e in state["recent_events"] if e.get("signal") == "engine_down"]
-    up = prom.wait_for('gpuwatch_engine_models{engine="triton-0"} == 0', timeout=30)
-    assert up[0]["metric"]["model"] == ""
-    assert [u["metric"]["model"] for u in prom.query('gpuwatch_engine_up{engine="triton-0"}')] \
-        == [""]
+    models = prom.wait_for('gpuwatch_engine_models{engine="triton-0"} == 0', timeout=30)
+    assert "model" not in models[0]["metric"]
+    ups = prom.query('count_over_time(gpuwatch_engine_up{engine="triton-0"}[5m])')
+    assert [u["metric"].get("model", "") for u in ups] == [""]
+    assert prom.query('gpuwatch_engine_up{engine="triton-0"}')[0]["value"][1] == "1"
 
 
 # -- last: this kills the module's vLLM for good ---------------------------------------------

@@ -163,6 +163,40 @@ def triton_infer(base: str, n: int, threads: int = 4) -> list[int]:
                              range(min(n, MAX_REQUESTS))))
 
 
+class RoundRobin:
+    """One URL in front of several servers' /metrics, answering from each in turn: replicas
+    behind a load balancer, as a scraper sees them."""
+
+    def __init__(self, urls: list[str]) -> None:
+        import http.server
+        import itertools
+
+        turn = itertools.cycle(urls)
+        lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                with lock:
+                    url = next(turn)
+                code, body = http_get(url, 5.0)
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/metrics"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 class Background:
     """A load that runs while the test looks at gpuwatch."""
 
