@@ -416,7 +416,7 @@ def test_triton_cadence_each_scrape_changes_the_series_once_and_shows_at_the_nex
     prom = prometheus([d.address, triton.metrics_url.split("/")[2]])
     wait_until(lambda: engine(d, "triton-0").get("up"), 30, what="Triton up")
     client = TritonClient(triton.base)
-    load = servers.Background(client.steady, 15.0, 50.0)
+    load = servers.Background(lambda: [client.steady(15.0, 50.0)])
     time.sleep(45)
     ours = 'gpuwatch_engine_requests_finished_total{engine="triton-0",model="scale",reason="ok"}'
     theirs = 'nv_inference_request_success{model="scale"}'
@@ -455,7 +455,8 @@ def test_triton_with_no_model_loaded_is_up_and_serves_nothing(triton, daemon, pr
     wait_until(lambda: engine(d, "triton-0").get("models_loaded"), 30, what="models loaded")
     for model in ("scale", "echo_text"):
         req = urllib.request.Request(f"{triton.base}/v2/repository/models/{model}/unload",
-                                     data=b"{}", method="POST")
+                                     data=b"{}", method="POST",
+                                     headers={"triton-access-token": triton.access_token})
         with urllib.request.urlopen(req, timeout=30) as r:
             assert r.status == 200
     st = wait_until(lambda: (st := engine(d, "triton-0"))["models_loaded"] == 0 and st, 60,

@@ -90,6 +90,7 @@ class Reading:
     # Whether the exposition was one gpuwatch reads with nothing being served (a Triton
     # with no model loaded): up, and said apart from an engine that is down.
     models_loaded: int | None = None
+    served_models: list[str] | None = None  # the models it serves now, where it says
     # An engine's own windowed quantiles where it has no histogram (Triton's summaries):
     # group -> sli -> quantile label -> seconds.
     engine_quantiles: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)

@@ -42,7 +42,10 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
     trt = TRT in expo
     r.generation = "triton-trtllm" if trt else "triton"
     r.ranks = c.count_groups(expo, "nv_inference_request_success", GROUP)
-    r.models_loaded = len({c.label(k, "model") for k in expo.get("nv_inference_request_success")})
+    served = sorted({c.label(k, "model")[:c.MAX_MODEL_CHARS]
+                     for k in expo.get("nv_inference_request_success")} - {""})
+    r.served_models = served[:64]
+    r.models_loaded = len(served)
 
     r.requests_running, _ = c.gauge(expo, [TRT], where={"request_type": "active"})
     if r.requests_running is None:

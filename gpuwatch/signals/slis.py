@@ -149,6 +149,8 @@ def update_models(st, windows: dict[str, Window], by_model: dict[str, dict[str, 
         present.setdefault(r.group_models.get(group, ""), set()).update(values)
     for group, qs in r.engine_quantiles.items():
         engine_q.setdefault(r.group_models.get(group, ""), {}).update(qs)
+    if r.served_models is not None:  # an unloaded model's series may linger: not served
+        present = {m: names for m, names in present.items() if m in r.served_models}
     models = {}
     for model in present:  # the models served now (an unloaded one keeps its totals)
         totals = by_model.get(model, {})

@@ -107,11 +107,14 @@ class Triton(Server):
 
     def __init__(self, workdir: Path) -> None:
         py = build.pytriton_python()
+        import secrets
+
         http, grpc, metrics = free_port(), free_port(), free_port()
+        self.access_token = secrets.token_urlsafe(16)  # for its model-repository API
         # Its Python-backend stub links libpython by soname: point it at this interpreter's.
         libdir = sysconfig.get_config_var("LIBDIR") or ""
         env = _env(TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
-                   TRITON_METRICS_PORT=str(metrics),
+                   TRITON_METRICS_PORT=str(metrics), TRITON_ACCESS_TOKEN=self.access_token,
                    TRITON_WORKSPACE=str(workdir / f"triton-{http}"),
                    LD_LIBRARY_PATH=":".join(p for p in (libdir, os.environ.get(
                        "LD_LIBRARY_PATH", "")) if p))
