@@ -70,12 +70,7 @@ def cycles(folder: str, root: Path = PACKAGE) -> list[list[str]]:
              for m, p in paths.items()}
     found: list[list[str]] = []
     for start in sorted(graph):
-        seen, todo = set(), list(graph[start])
-        while todo:
-            m = todo.pop()
-            if m not in seen:
-                seen.add(m)
-                todo.extend(graph[m])
+        seen = _reach(graph, start)
         if start in seen:
             group = sorted(m for m in seen if start in _reach(graph, m) | {m})
             if group not in found:

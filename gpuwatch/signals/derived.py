@@ -40,7 +40,8 @@ class ProcessSignals:
 
 @dataclass
 class ModelSlis:
-    """The serving SLIs of one model of an engine (fields as EngineState's of the same name)."""
+    """The serving SLIs of one model of an engine; an EngineState has them for the engine as
+    a whole (signals/slis.py fills both)."""
 
     sli_quantiles_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     # quantile labels given by the engine itself (Triton's summaries), not gpuwatch's window
@@ -65,10 +66,11 @@ class ModelSlis:
     missing: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class EngineState:
+@dataclass(kw_only=True)
+class EngineState(ModelSlis):
     """What gpuwatch knows about one engine: rendered as JSON in /api/state. None means
-    unknown, and `missing` says why for every normalized series that is absent."""
+    unknown, and `missing` says why for every normalized series that is absent. Its serving
+    SLIs as a whole are the fields it shares with ModelSlis."""
 
     name: str
     url: str = ""
@@ -122,27 +124,7 @@ class EngineState:
     queue_latency_mean_seconds: float | None = None
     queue_requests_in_window: float | None = None
     preemption_rate_per_second: float | None = None
-    # Serving SLIs of the engine as a whole (signals/slis.py; ModelSlis has the same fields
-    # per model, for engines that serve several).
-    sli_quantiles_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
-    sli_quantiles_from_engine: dict[str, list[str]] = field(default_factory=dict)
-    sli_below_resolution: dict[str, list[str]] = field(default_factory=dict)
-    sli_resolution_seconds: dict[str, float] = field(default_factory=dict)
-    sli_mean_seconds: dict[str, float] = field(default_factory=dict)
-    sli_requests_total: dict[str, float] = field(default_factory=dict)
-    sli_seconds_total: dict[str, float] = field(default_factory=dict)
-    sli_buckets: dict[str, list[float]] = field(default_factory=dict)
-    sli_requests_in_window: dict[str, float] = field(default_factory=dict)
-    sli_source: dict[str, str] = field(default_factory=dict)  # the engine family read
-    prompt_tokens_total: float | None = None
-    generation_tokens_total: float | None = None
-    prompt_tokens_per_second: float | None = None
-    generation_tokens_per_second: float | None = None
-    requests_finished_total: dict[str, float] = field(default_factory=dict)  # by reason
-    client_requests_total: dict[str, float] = field(default_factory=dict)  # by outcome
-    request_error_ratio: float | None = None  # windowed: errors / finished (engine's view)
-    request_error_ratios: dict[str, float] = field(default_factory=dict)  # by seen_by
-    requests_waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    # Its serving SLIs as a whole are ModelSlis's fields (signals/slis.py).
     # Per model, where the engine serves several in one process (Triton); else empty and
     # the fields above are its one model's.
     models: dict[str, ModelSlis] = field(default_factory=dict)
