@@ -246,6 +246,13 @@ def test_two_replicas_without_a_start_time_are_ambiguous_and_derive_nothing():
     assert got["gpuwatch_engine_requests_running"][0][1] == 1  # gauges: the last answer's
 
 
+def test_replicas_that_keep_flapping_stay_ambiguous():
+    answers = [counters(1000.0 if i % 2 else 10.0) for i in range(200)]  # 1000 s, window 300
+    derived = run(*(EngineSample(name="v", exposition=a) for a in answers), step=5.0)
+    st = derived.engines["v"]
+    assert st.ambiguous and st.preemptions_total is None and st.restarts_total <= 1
+
+
 def test_one_restart_is_counted_once_and_a_calm_endpoint_is_not_ambiguous():
     answers = [counters(n) for n in (10, 20, 30, 1, 5, 9, 13, 17)]  # restarts once
     derived = run(*(EngineSample(name="v", exposition=a) for a in answers), step=5.0)

@@ -86,11 +86,12 @@ def test_vllm_is_discovered_from_its_process(vllm, daemon):
     d = daemon(config_toml=FAST + "\n[discovery]\nenabled = true\ninterval_seconds = 1\n"
                "scrape_interval_seconds = 1\n")
 
-    def found():
+    def found():  # this test's server (another vLLM on the host is discovered too)
         engines = d.state()["signals"]["engines"]
-        return [e for e in engines.values() if e["kind"] == "vllm" and e["up"]]
+        return [e for e in engines.values() if e["kind"] == "vllm" and e["up"]
+                and f":{vllm.port}/" in e["url"]]
     got = wait_until(found, 60, what="vLLM discovered")
-    assert str(vllm.port) in got[0]["url"]
+    assert got[0]["pids"] and vllm.proc.pid in got[0]["pids"]
 
 
 def test_vllm_hit_ratio_follows_the_prompts(vllm, daemon):

@@ -45,6 +45,21 @@ def _seconds(v: float | None) -> float | None:
     return v if v is not None and 0 <= v <= MAX_QUEUE_SECONDS else None
 
 
+COUNTED = ("prefix_cache_hits_total", "prefix_cache_queries_total", "preemptions_total",
+           "queue_requests_total", "queue_seconds_total", "kv_cache_hit_ratio",
+           "kv_cache_queries_in_window", "queue_latency_mean_seconds",
+           "queue_requests_in_window", "preemption_rate_per_second")
+
+
+def _clear_counted(st: EngineState) -> None:
+    """What is derived from the engine's counters: gone while they cannot be read."""
+    for name in COUNTED:
+        setattr(st, name, None)
+    st.queue_latency_seconds = {}
+    slis.clear(st)
+    st.models = {}
+
+
 @dataclass
 class _Track:
     """Per-engine memory that is not part of the published state."""
@@ -148,17 +163,10 @@ class EngineAnalyzer:
         st.up = False
         st.reason = reason[:500]
         st.consecutive_failures += 1
-        for name in (
-            "requests_running", "requests_waiting", "kv_cache_usage_ratio",
-            "prefix_cache_hits_total", "prefix_cache_queries_total", "preemptions_total",
-            "queue_requests_total", "queue_seconds_total",
-            "kv_cache_hit_ratio", "kv_cache_queries_in_window", "queue_latency_mean_seconds",
-            "queue_requests_in_window", "preemption_rate_per_second", "sleep_level",
-        ):
+        for name in ("requests_running", "requests_waiting", "kv_cache_usage_ratio",
+                     "sleep_level"):
             setattr(st, name, None)
-        st.queue_latency_seconds = {}
-        slis.clear(st)
-        st.models = {}
+        _clear_counted(st)
         st.unread_families = []
         st.kv_cache_hit_ratio_source = ""
         st.missing = {k: "engine down" for k in ALL_MISSING_KEYS}
@@ -189,6 +197,10 @@ class EngineAnalyzer:
         st.models_loaded = r.models_loaded
         restarts = tr.bank.update(r.start_time, r.counters, r.group_models)
         ambiguous, correction = tr.life.observe(t, tr.bank.blind_reset)
+        if st.ambiguous and not ambiguous:
+            # calm for a window: count afresh from this scrape, nothing of the flapping kept
+            tr.bank = self._bank(st.name)
+            restarts = tr.bank.update(r.start_time, r.counters, r.group_models)
         st.restarts_detected = max(st.restarts_detected + restarts + correction, 0)
         st.restarts_total = tr.life.publish(st.restarts_detected)
         st.series_groups = tr.bank.groups()
@@ -242,19 +254,12 @@ class EngineAnalyzer:
 
     def _ambiguous(self, st: EngineState, tr: _Track) -> None:
         """Counters of an ambiguous endpoint are fabricated: nothing is derived from them,
-        and what was counted before starts again from nothing once it clears."""
+        and no window keeps them for when it is calm again. (Its bank still sees them: that
+        is how the flapping is seen to go on.)"""
         st.reason = tr.life.why()
-        tr.bank = self._bank(st.name)
         tr.kv, tr.queue = Window(tr.kv.seconds), Window(tr.queue.seconds)
         tr.sli, tr.models = None, {}
-        for name in ("prefix_cache_hits_total", "prefix_cache_queries_total", "preemptions_total",
-                     "queue_requests_total", "queue_seconds_total", "kv_cache_hit_ratio",
-                     "kv_cache_queries_in_window", "queue_latency_mean_seconds",
-                     "queue_requests_in_window", "preemption_rate_per_second"):
-            setattr(st, name, None)
-        st.queue_latency_seconds = {}
-        slis.clear(st)
-        st.models = {}
+        _clear_counted(st)
         for key in (c.PREFIX_CACHE, c.KV_HIT_RATIO, c.QUEUE_LATENCY, c.QUEUE_MEAN, c.PREEMPTION,
                     *slis.n.MISSING_KEYS):
             st.missing[key] = "ambiguous endpoint: " + st.reason.split(":", 1)[0]
