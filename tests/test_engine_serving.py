@@ -247,10 +247,15 @@ def test_two_replicas_without_a_start_time_are_ambiguous_and_derive_nothing():
 
 
 def test_replicas_that_keep_flapping_stay_ambiguous():
-    answers = [counters(1000.0 if i % 2 else 10.0) for i in range(200)]  # 1000 s, window 300
-    derived = run(*(EngineSample(name="v", exposition=a) for a in answers), step=5.0)
-    st = derived.engines["v"]
-    assert st.ambiguous and st.preemptions_total is None and st.restarts_total <= 1
+    analyzer, derived, conditions = EngineAnalyzer(), Derived(), Conditions()
+    seen = []
+    for i in range(200):  # 1000 s of flips, the window is 300 s
+        sample = EngineSample(name="v", t=5.0 * i,
+                              exposition=counters(1000.0 if i % 2 else 10.0))
+        analyzer.update(Tick(t=5.0 * i, engines=[sample]), derived, conditions)
+        st = derived.engines["v"]
+        seen.append((st.ambiguous, st.preemptions_total, st.restarts_total))
+    assert all(a and p is None and r <= 1 for a, p, r in seen[4:]), seen
 
 
 def test_one_restart_is_counted_once_and_a_calm_endpoint_is_not_ambiguous():
