@@ -179,6 +179,16 @@ def test_errors_as_the_http_layer_answered_them_from_a_real_vllm():
     assert outcomes == {"ok": 34.0, "error": 6.0}
 
 
+def test_a_status_counter_born_in_the_window_counts_from_zero():
+    # vLLM's HTTP layer creates its 4xx series at the first refused request
+    client = text("vllm-0.32.0-cpu-real-client.prom")
+    before = "\n".join(x for x in client.splitlines() if 'status="4xx"' not in x).replace(
+        'status="2xx"} 34.0', 'status="2xx"} 24.0')
+    derived = run(EngineSample(name="v", exposition=before),
+                  EngineSample(name="v", exposition=client))
+    assert derived.engines["v"].request_error_ratios["client"] == pytest.approx(6 / 16)
+
+
 def triton(failures: int, ok: int, other_ok: int) -> str:
     rows = []
     for model, succ, fail in (("echo_text", ok, failures), ("scale", other_ok, 0)):

@@ -138,7 +138,7 @@ def test_vllm_queue_kv_usage_and_slis_move_under_load(vllm, daemon, prometheus):
     assert bg.join().count(200) == 24
     assert seen["running"] <= 4  # --max-num-seqs 4
     # The serving SLIs reach Prometheus: the TTFT p95 of this load, in seconds.
-    ttft = prom.wait_for('gpuwatch_engine_time_to_first_token_seconds'
+    ttft = prom.wait_for('gpuwatch_engine_time_to_first_token_window_seconds'
                          '{engine="vllm-0",quantile="0.95"}', timeout=60)
     assert 0 < float(ttft[0]["value"][1]) < 120
     wait_until(lambda: engine(d, "vllm-0")["requests_running"] == 0, 30, what="idle again")

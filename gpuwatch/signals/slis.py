@@ -249,13 +249,14 @@ def _error_ratio(st, window: Window, r: c.Reading, w: float, prefix: str,
         return
     key = n.ERROR_RATIO if seen_by == "engine" else n.CLIENT_ERROR_RATIO
     names = [prefix + k for k in done_by]
-    base = window.base(names)
-    if base is None:
+    if len(window.snaps) < 2:
         st.missing[key] = "needs a second scrape"
         return
-    last = window.latest
-    done = sum(max(last[k] - base[1][k], 0.0) for k in names)
-    bad = sum(max(last.get(prefix + e, 0.0) - base[1].get(prefix + e, 0.0), 0.0)
+    # A counter absent from the window's first snapshot was born since: engines create a
+    # status's or reason's series at its first request (vLLM's 4xx), which is in the window.
+    base, last = window.snaps[0][1], window.latest
+    done = sum(max(last[k] - base.get(k, 0.0), 0.0) for k in names)
+    bad = sum(max(last.get(prefix + e, 0.0) - base.get(prefix + e, 0.0), 0.0)
               for e in errors)
     if done <= 0:
         st.missing[key] = f"no request finished in the last {w:g}s"
