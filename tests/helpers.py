@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -148,6 +149,13 @@ class Daemon(Proc):
         return self.get("/metrics")[1].decode()
 
 
+def _timeout(scrape_interval: str) -> str:
+    """The scrape timeout: 5 s, or the interval where it is shorter (Prometheus refuses a
+    timeout longer than the interval)."""
+    m = re.fullmatch(r"(\d+)s", scrape_interval)
+    return scrape_interval if m and int(m.group(1)) < 5 else "5s"
+
+
 class Prometheus(Proc):
     def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s",
                  rule_files=(), alertmanager_url: str | None = None, job: str = "gpuwatch",
@@ -160,7 +168,7 @@ class Prometheus(Proc):
         d.mkdir()
         config = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": "1s",
-                       "scrape_timeout": "1s" if scrape_interval == "1s" else "5s"},
+                       "scrape_timeout": _timeout(scrape_interval)},
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}],
                                 **(scrape or {})}],
         }

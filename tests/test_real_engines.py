@@ -176,7 +176,8 @@ def test_vllm_serving_signals_match_a_client_that_records_its_truth(vllm, daemon
                '\ninterval_seconds = 1\n')
     # the shipped rules, generated with that queue objective; Prometheus scrapes the engine too
     p = rules.RuleParams(queue_latency_slo_seconds=0.25)
-    prom = prometheus([d.address, vllm.metrics_url.split("/")[2]],
+    # every 2 s: under load, on 2 cores, a scrape of either can take more than 1 s
+    prom = prometheus([d.address, vllm.metrics_url.split("/")[2]], scrape_interval="2s",
                       rule_files=_rule_files(tmp_path, p=p))
     st = wait_until(lambda: (e := engine(d, "vllm-0")).get("up") and e, 30, what="vLLM read")
     assert st["version"] == "0.32.0"  # from its /version
@@ -211,8 +212,8 @@ def test_vllm_serving_signals_match_a_client_that_records_its_truth(vllm, daemon
     # rates over the run, and the counts once it is over
     def rates() -> tuple[float, float] | None:
         at = {"time": done_at}
-        a = prom.api("query", query="rate(gpuwatch_engine_generation_tokens_total[40s])", **at)
-        b = prom.api("query", query="sum(rate(vllm:generation_tokens_total[40s]))", **at)
+        a = prom.api("query", query="rate(gpuwatch_engine_generation_tokens_total[1m])", **at)
+        b = prom.api("query", query="sum(rate(vllm:generation_tokens_total[1m]))", **at)
         return (float(a["result"][0]["value"][1]), float(b["result"][0]["value"][1])) \
             if a["result"] and b["result"] else None
     ours, theirs = wait_until(rates, 30, what="both token rates in Prometheus")
@@ -490,7 +491,9 @@ def test_a_killed_discovered_vllm_pages_through_the_shipped_engine_down_alert(vl
     d = daemon(config_toml="[discovery]\nenabled = true\ninterval_seconds = 1\n"
                "scrape_interval_seconds = 1\n")
     shipped = [REPO / "alerts" / "gpuwatch.rules.yml", REPO / "alerts" / "gpuwatch.alerts.yml"]
-    prom = prometheus([d.address], rule_files=shipped)
+    # a failed scrape (a 1 s timeout on a loaded machine) would mark the series stale and
+    # restart the alert's `for`
+    prom = prometheus([d.address], rule_files=shipped, scrape_interval="2s")
 
     def discovered():
         return next((n for n, e in d.state()["signals"]["engines"].items()
