@@ -149,8 +149,9 @@ class OomAnalyzer:
             tally = derived.ooms[key] = OomTally(create_time=oom.create_time)
         if index is not None:
             tally.gpu_index = index
-        tally.name = oom.name or tally.name
-        tally.owner = {f: getattr(oom, f) for f in ATTRIBUTION_FIELDS}
+        # the labels stay as first known: a counter whose labels change is another series
+        tally.name = tally.name or oom.name
+        tally.owner = {f: tally.owner.get(f) or getattr(oom, f) for f in ATTRIBUTION_FIELDS}
         pair = (oom.cause or "unknown", oom.outcome or "unknown")
         tally.counts[pair] = tally.counts.get(pair, 0) + 1
         tally.last_t = oom.t
@@ -192,12 +193,14 @@ def message(oom: OomSample, gpu_index: int | None, ep: _Episode | None,
              }.get(oom.outcome, "")
     if oom.exited:
         text += "; the process has exited"
-    if ep is not None and lead is not None:
-        how = "predicted" if ep.first.signal in PREDICTING else "memory zone warned"
-        text += (f". {how} {duration_text(lead)} before, by {ep.first.signal} "
+    if ep is None or lead is None:
+        text += ". gpuwatch had not predicted it"
+    elif ep.first.signal in PREDICTING:
+        text += (f". Predicted {duration_text(lead)} before, by {ep.first.signal} "
                  f"({ep.first.severity})")
     else:
-        text += ". gpuwatch had not predicted it"
+        text += (f". Not predicted; the memory zone was {ep.first.severity} from "
+                 f"{duration_text(lead)} before")
     if oom.record:
         text += f"; record: {oom.record}"
     return text

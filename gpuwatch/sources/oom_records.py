@@ -86,6 +86,7 @@ class OomReader:
     # -- who is there ---------------------------------------------------------------------
     def _learn(self, now: float, gpus: list[GpuSample], probes: list[ProbeSample]) -> None:
         by_pid = {p.pid: (g, p) for g in gpus for p in g.processes}
+        uuids = {g.uuid for g in gpus}
         seen: set[int] = set()
         for s in probes:
             if s.pid in seen:
@@ -105,7 +106,9 @@ class OomReader:
             if ooms > proc.num_ooms:
                 proc.num_ooms, proc.check = ooms, True
             gpu, nvml = by_pid.get(s.pid, (None, None))
-            if s.gpu_uuid:
+            # the device's UUID as the probe read it from CUDA, when NVML knows that GPU;
+            # else the GPU NVML lists the process on
+            if s.gpu_uuid and s.gpu_uuid in uuids:
                 proc.gpu_uuid = s.gpu_uuid
             elif gpu is not None:
                 proc.gpu_uuid = gpu.uuid
