@@ -422,3 +422,39 @@ def test_the_daemon_keeps_and_explains_the_oom_of_a_process_it_dies_of(tmp_path,
     replayed = [e for e in iter_events(str(rec_path), cfg, actions=False)
                 if e.signal == "process_oom"]
     assert [msgspec.to_builtins(e) for e in replayed] == [msgspec.to_builtins(ev)]
+
+
+# -- recordings with OOM records ------------------------------------------------------------
+
+TRACES = REPO / "tests" / "fixtures" / "traces"
+
+
+def oom_events(path: Path) -> tuple[list, list]:
+    cfg = load(None, environ={})
+    events = list(iter_events(str(path), cfg, actions=False))
+    return [e for e in events if e.signal == "process_oom"], events
+
+
+def test_the_fixture_recording_replays_to_its_ooms_and_their_forerunner():
+    ooms, events = oom_events(TRACES / "sim-oom.jsonl.gz")
+    frag, leak = ooms
+    assert (frag.pid, frag.oom.cause, frag.oom.outcome, frag.ref) == (
+        5151, "fragmentation", "caught", None)
+    assert frag.slurm_job_id == "991" and frag.severity == "critical"
+    first = next(e for e in events if e.signal == "memory_leak" and e.pid == 4242)
+    assert (leak.pid, leak.oom.cause, leak.oom.exited, leak.ref) == (4242, "full", True, first.id)
+    assert leak.oom.lead_seconds == pytest.approx(leak.t - first.t)
+    assert (leak.pod, leak.namespace, leak.container) == ("llm-0", "serving", "vllm")
+    again, _ = oom_events(TRACES / "sim-oom.jsonl.gz")
+    assert [e.id for e in again] == [e.id for e in ooms]  # replay is deterministic
+
+
+@pytest.mark.skipif(not (TRACES / "h200" / "h200-oom.jsonl.gz").exists(),
+                    reason="the H200 recording of tests/gpu/test_oom_gpu.py is not committed")
+def test_the_h200_recording_replays_to_its_ooms():
+    ooms, events = oom_events(TRACES / "h200" / "h200-oom.jsonl.gz")
+    causes = {e.oom.cause for e in ooms}
+    assert {"full", "fragmentation", "limit"} <= causes
+    [died] = [e for e in ooms if e.oom.exited]
+    first = next(e for e in events if e.signal == "memory_leak" and e.pid == died.pid)
+    assert died.ref == first.id and died.oom.lead_seconds > 0

@@ -114,11 +114,12 @@ class OomAnalyzer:
             if ep.ended is not None and ep.ended < t - ENDED_LOOKBACK_SECONDS:
                 return None
             return ep
-        found = [ep for key in (("memory_leak", uuid, pid, None), ("time_to_oom", uuid, None, None),
-                                ("memory_leak", uuid, None, None))
-                 if (ep := usable(key)) is not None]
+        # the earliest; on the same tick the process's own leak, then the GPU's verdicts
+        found = [(ep.first.t, n, ep) for n, key in enumerate((
+            ("memory_leak", uuid, pid, None), ("time_to_oom", uuid, None, None),
+            ("memory_leak", uuid, None, None))) if (ep := usable(key)) is not None]
         if found:
-            return min(found, key=lambda ep: (ep.first.t, ep.first.id)), True
+            return min(found, key=lambda x: x[:2])[2], True
         return usable((WARNING, uuid, None, None)), False
 
     # -- the event ----------------------------------------------------------------------------
