@@ -226,6 +226,15 @@ class _Connection:
     def abandon_body(self) -> None:
         self.close_after = True
 
+    def settle(self) -> None:
+        """Take what is left of the request from what has arrived (the end of a request
+        without a body is an event of its own); a body still to come means a close."""
+        while self.h11.their_state is h11.SEND_BODY:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                self.close_after = True
+                return
+
     async def _send(self, data: bytes | None) -> None:
         if data:
             self.writer.write(data)
@@ -310,6 +319,10 @@ class Server:
             head = await conn.next_request()
             if head is None:
                 return
+            if len(head.target) + sum(len(n) + len(v) + 4 for n, v in head.headers) > (
+                    MAX_HEADER_BYTES):
+                # h11 bounds a head only while it is incomplete: one read can hold more
+                raise h11.RemoteProtocolError("request head too long", 431)
             headers = Headers()
             for name, value in head.headers:  # h11 gives names lower-cased
                 key, text = name.decode("latin-1"), value.decode("latin-1")
@@ -317,6 +330,7 @@ class Server:
             method = head.method.decode("ascii", "replace")
             request = Request(method, head.target.decode("latin-1"), headers, remote, conn)
             resp = await self.app.handle(request)
+            conn.settle()
             await conn.respond(resp, head=method == "HEAD")
             if not conn.reusable():
                 return
@@ -325,7 +339,7 @@ class Server:
         if conn.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         status = getattr(exc, "error_status_hint", 400)
-        if status == 400 and "too long" in str(exc).lower():
+        if "too long" in str(exc).lower() or "exceeded" in str(exc).lower():
             status = 431
         conn.close_after = True
         with contextlib.suppress(Exception):
