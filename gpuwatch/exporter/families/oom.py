@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from gpuwatch.exporter.families.process import PROCESS_LABELS
+from gpuwatch.exporter.metric import CounterMetricFamily, GaugeMetricFamily, Metric
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import ATTRIBUTION_FIELDS
 
