@@ -10,6 +10,7 @@ import asyncio
 import os
 import pickle
 import queue
+import re
 import stat
 import subprocess
 import sys
@@ -458,3 +459,23 @@ def test_the_h200_recording_replays_to_its_ooms():
     [died] = [e for e in ooms if e.oom.exited]
     first = next(e for e in events if e.signal == "memory_leak" and e.pid == died.pid)
     assert died.ref == first.id and died.oom.lead_seconds > 0
+
+
+def test_the_report_has_an_ooms_section_with_the_verdict_and_a_plot_of_each(tmp_path):
+    from gpuwatch.views.report import build
+
+    page = build(str(TRACES / "sim-oom.jsonl.gz"), load(None, environ={}))
+    section = page[page.index("<h2>OOMs (2)</h2>"):page.index("<h2>Actions")]
+    assert "gpuwatch had predicted 1 of them, 54 s ahead" in section
+    rows = re.findall(r'<tr class="oom" data-pid="(\d+)">(.*?)</tr>', section)
+    assert [pid for pid, _ in rows] == ["5151", "4242"]
+    assert "fragmentation" in rows[0][1] and "caught by the program" in rows[0][1]
+    assert ">no<" in rows[0][1] and "yes: memory_leak, 54 s before" in rows[1][1]
+    assert "raised, process gone" in rows[1][1] and "pid4242-oom.json" in rows[1][1]
+    plots = re.findall(r'<h3 class="oom-plot" data-pid="(\d+)">.*?</figure>', section, re.S)
+    assert plots == ["5151", "4242"]
+    leak_plot = section[section.index('data-pid="4242">pid 4242'):]
+    assert "predicted by memory_leak (54 s before)" in leak_plot and "OOM: 256 MiB" in leak_plot
+    # a recording without OOMs has no such section
+    quiet = build(str(TRACES / "sim-leak-flapped.jsonl.gz"), load(None, environ={}))
+    assert "<h2>OOMs" not in quiet

@@ -13,6 +13,7 @@ from gpuwatch.views.report.engines import engine_section
 from gpuwatch.views.report.events import event_rows
 from gpuwatch.views.report.findings import findings, summary
 from gpuwatch.views.report.gpus import gpu_section
+from gpuwatch.views.report.ooms import oom_section
 from gpuwatch.views.report.style import CSS, EXPLAIN
 
 
@@ -29,6 +30,7 @@ def render(c: Collector, header, source: str, warning: str | None = None) -> str
         f'<p class="card warning">{escape(warning)}</p>' if warning else "",
         EXPLAIN,
         "<h2>Findings</h2>", summary(c, found),
+        oom_section(c),
         f"<h2>Actions ({len(actions)})</h2>",
         actions_table(c, actions),
         "<h2>GPUs and processes</h2>",
