@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuwatch.probe_channel.oom import TOP, AllocatorSummary, PoolSummary, SegmentSummary
 
-MAX_BLOCKS = 200_000
+MAX_BLOCKS = 50_000  # about 0.1 s of the host thread on the 2 vCPU VM (benchmarks/oom_capture.py)
 DEFAULT_POOL = "default"
 
 
