@@ -112,6 +112,7 @@ CHILD = textwrap.dedent(r"""
         torch.cuda.set_per_process_memory_fraction(1.0)
     elif mode == "frag":
         fill_ooms = 0
+        blocks = []
         for size in (2048, 1024, 512, 256, 128, 64, 40):
             chunk = size * MIB
             while torch.cuda.mem_get_info()[0] >= chunk + 16 * MIB:
@@ -120,11 +121,16 @@ CHILD = textwrap.dedent(r"""
                 except torch.cuda.OutOfMemoryError:
                     fill_ooms += 1  # the driver had less than it said: a smaller chunk
                     break
-                del big  # its segment stays cached: refill it with 20 MiB blocks
-                blocks = [torch.empty(20 * MIB, dtype=torch.uint8, device="cuda")
-                          for _ in range(chunk // (20 * MIB))]
-                keep += blocks[0::2]
-                del blocks
+                del big  # its segment stays cached: refill it with 20 MiB blocks (no
+                # earlier segment has a free block of 20 MiB: they are full, their tails
+                # smaller)
+                blocks += [torch.empty(20 * MIB, dtype=torch.uint8, device="cuda")
+                           for _ in range(chunk // (20 * MIB))]
+        # Every other block freed only now, once the GPU is full: had they been freed chunk
+        # by chunk, the next chunk's blocks would fill those holes first (best fit) and
+        # leave whole segments free, which a request then gets from the cache.
+        keep += blocks[0::2]
+        del blocks
         time.sleep(1.5)  # a fill OOM is a burst of its own
         free = torch.cuda.mem_get_info()[0]
         st = torch.cuda.memory_stats()
@@ -299,7 +305,8 @@ def scenario(tmp_path_factory):
         step("huge", huge_case)
         huge.close()  # gone before the GPU is filled
         step("frag", frag_case)
-        res["children"]["frag"].close()
+        if "frag" in res["children"]:
+            res["children"]["frag"].close()
         step("leak", leak_case)
     except Exception as exc:
         res["error"] = f"{type(exc).__name__}: {exc}"
