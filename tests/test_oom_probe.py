@@ -196,6 +196,10 @@ def test_graph_pools_are_counted_apart_and_the_largest_are_named():
     assert s.largest_segments[1].pool == "1,3" and s.largest_segments[2].type == "small"
     assert s.largest_blocks == [GIB, 100 * MIB, MIB]  # device 1's are not this device's
     assert s.largest_free_blocks == [412 * MIB, MIB]
+    # without memory_stats: the snapshot's own ratio, free space in split segments only (a
+    # wholly free segment can go back to the driver)
+    whole = summarize([*segs, segment(GIB, [(GIB, "inactive")])], 0)
+    assert whole.fragmentation_ratio == pytest.approx((412 + 1) * MIB / (2 * GIB + 514 * MIB))
 
 
 def test_history_is_dumped_for_memory_viz_only_where_it_is_recorded(tmp_path):
