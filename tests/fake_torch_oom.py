@@ -116,3 +116,28 @@ def fragmented(holes: int, hole: int = 20 * MIB, seg_size: int = 2 * GIB) -> lis
             blocks.append((rest, "inactive"))
         segs.append(segment(seg_size, blocks))
     return segs
+
+
+# torch._C as the probe reaches it, for a child process over the fake torch of
+# tests/test_probe_agent.py: the observer hook, the error class, the history switch.
+OOM_C = '''
+observers = []
+_cuda_attach_out_of_memory_observer = observers.append
+class OutOfMemoryError(RuntimeError):
+    pass
+def _cuda_isHistoryEnabled():
+    return False
+'''
+
+
+def oom_site(where):
+    """A directory with a fake `torch` a child imports: the probe agent tests' one, plus
+    OOM_C as torch._C and torch.OutOfMemoryError."""
+    from tests.test_probe_agent import fake_torch
+
+    site = fake_torch(where)
+    (site / "torch" / "_C.py").write_text(OOM_C)
+    init = site / "torch" / "__init__.py"
+    init.write_text(init.read_text() + "from torch import _C  # noqa: E402\n"
+                    "OutOfMemoryError = _C.OutOfMemoryError\n")
+    return site

@@ -40,9 +40,8 @@ from gpuwatch.sources import oom_records
 from gpuwatch.sources.oom_records import OomReader
 from gpuwatch.sources.probes import ensure_user_dir, prepare_probe_dir
 from tests.fake_nvml import GIB, FakeGpu, FakeNvml, proc
-from tests.fake_torch_oom import MIB, FakeTorch, fragmented, segment
+from tests.fake_torch_oom import MIB, FakeTorch, fragmented, oom_site, segment
 from tests.helpers import REPO
-from tests.test_probe_agent import fake_torch
 
 ROOT = os.geteuid() == 0
 UUID = "GPU-fake-0"
@@ -340,25 +339,6 @@ for obs in C.observers:  # what torch does when cudaMalloc fails for good
     obs(0, 2 << 30, 140 << 30, 100 * 1024 * 1024)
 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
 """
-
-OOM_C = '''
-observers = []
-_cuda_attach_out_of_memory_observer = observers.append
-class OutOfMemoryError(RuntimeError):
-    pass
-def _cuda_isHistoryEnabled():
-    return False
-'''
-
-
-def oom_site(where):
-    site = fake_torch(where)
-    (site / "torch" / "_C.py").write_text(OOM_C)
-    init = site / "torch" / "__init__.py"
-    init.write_text(init.read_text() + "from torch import _C  # noqa: E402\n"
-                    "OutOfMemoryError = _C.OutOfMemoryError\n")
-    return site
-
 
 def test_the_daemon_keeps_and_explains_the_oom_of_a_process_it_dies_of(tmp_path, monkeypatch):
     site = oom_site(tmp_path / "site")

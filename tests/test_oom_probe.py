@@ -21,9 +21,16 @@ from gpuwatch.probe_agent.oom_summary import summarize
 from gpuwatch.probe_channel import oom as fmt
 from gpuwatch.probe_channel import protocol
 from gpuwatch.probe_channel.config import ProbeConfig
-from tests.fake_torch_oom import GIB, MIB, FakeTorch, OutOfMemoryError, fragmented, segment
+from tests.fake_torch_oom import (
+    GIB,
+    MIB,
+    FakeTorch,
+    OutOfMemoryError,
+    fragmented,
+    oom_site,
+    segment,
+)
 from tests.helpers import REPO
-from tests.test_probe_agent import fake_torch
 
 
 class Clock:
@@ -312,17 +319,6 @@ def test_the_raise_watch_sees_an_oom_reach_python_and_be_caught():
 
 # -- in a real process ---------------------------------------------------------------------
 
-OOM_FILES = {
-    "torch/_C.py": '''
-observers = []
-_cuda_attach_out_of_memory_observer = observers.append
-class OutOfMemoryError(RuntimeError):
-    pass
-def _cuda_isHistoryEnabled():
-    return False
-''',
-}
-
 CHILD = r"""
 import os, sys, time
 import torch
@@ -341,11 +337,7 @@ raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB.")
 
 
 def test_a_process_killed_by_its_oom_leaves_a_final_record(tmp_path):
-    site = fake_torch(tmp_path / "site")
-    (site / "torch" / "_C.py").write_text(OOM_FILES["torch/_C.py"])
-    init = site / "torch" / "__init__.py"
-    init.write_text(init.read_text() + "from torch import _C  # noqa: E402\n"
-                    "OutOfMemoryError = _C.OutOfMemoryError\n")
+    site = oom_site(tmp_path / "site")
     probe_dir = tmp_path / "probe"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
     env.update(PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from gpuwatch.recording import read_recording
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.views.page import page_bytes
 from tests.browser import Browser
-from tests.helpers import REPO, wait_until
+from tests.helpers import REPO, StaticServer, wait_until
 
 pytestmark = pytest.mark.integration
 VLLM = (REPO / "tests" / "fixtures" / "engines" / "vllm-0.32.0-cpu-real-load.prom").read_text()
@@ -44,24 +42,10 @@ def state_of_the_fixture() -> dict:
 @pytest.fixture
 def served():
     doc = json.dumps(state_of_the_fixture()).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body, kind = ((doc, "application/json") if self.path.startswith("/api/state")
-                          else (page_bytes(), "text/html; charset=utf-8"))
-            self.send_response(200)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
+    server = StaticServer(page_bytes(), "text/html; charset=utf-8",
+                          routes={"/api/state": (doc, "application/json")})
+    yield server.url + "/"
+    server.close()
 
 
 def test_the_page_shows_each_oom_with_its_verdict_and_the_engines_memory_plan(served, tmp_path):

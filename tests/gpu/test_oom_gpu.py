@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fake_torch_oom import format_size as size
 from tests.helpers import Daemon, child_env, wait_until
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(400)]
@@ -332,17 +333,6 @@ def scenario(tmp_path_factory):
                     shutil.copyfileobj(f, g)
             else:
                 shutil.copy(src, out / name)
-
-
-def size(n: int) -> str:
-    """torch's format_size, as its OOM message writes sizes."""
-    if n <= 1024:
-        return f"{n} bytes"
-    if n <= 1048576:
-        return f"{n / 1024:.2f} KiB"
-    if n <= 1073741824:
-        return f"{n / 1048576:.2f} MiB"
-    return f"{n / 1073741824:.2f} GiB"
 
 
 MESSAGE = re.compile(r"Tried to allocate (\S+ \S+)\. GPU \d+ has a total capacity of "
