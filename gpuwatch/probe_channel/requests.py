@@ -124,7 +124,7 @@ def copy_out(probe_dir: str, pid: int, request_id: str, dest: str, max_bytes: in
     name = protocol.snapshot_name(pid, request_id)
     dir_fd, uid = _open_probe_dir(probe_dir, pid)
     try:
-        return _copy_checked(dir_fd, uid, name, dest, max_bytes)
+        return copy_named(dir_fd, uid, name, dest, max_bytes)
     finally:
         protocol.unlink_quietly(dir_fd, name)  # a name in the probe's own directory only
         os.close(dir_fd)
@@ -144,13 +144,10 @@ def open_user_dir(probe_dir: str, uid: int) -> int:
 
 
 def copy_named(dir_fd: int, uid: int, name: str, dest: str, max_bytes: int) -> int:
-    """copy_out() for a file whose name the daemon knows beforehand (an OOM record), in a
-    user directory opened with open_user_dir(): the process that wrote it may have exited.
-    The same checks and copy; the probe's file is left for the caller to remove."""
-    return _copy_checked(dir_fd, uid, name, dest, max_bytes)
-
-
-def _copy_checked(dir_fd: int, uid: int, name: str, dest: str, max_bytes: int) -> int:
+    """Copy `name` in a user directory (opened by copy_out, or by open_user_dir for an OOM
+    record, whose process may have exited) into dest, a new owner-only file of ours: a
+    regular file with one link, owned by uid, within max_bytes. The caller removes the
+    probe's file."""
     src, st = protocol.open_regular(dir_fd, name, max_bytes)
     try:
         if st.st_uid != uid:
