@@ -436,8 +436,10 @@ def test_the_h200_recording_replays_to_its_ooms():
     ooms, events = oom_events(TRACES / "h200" / "h200-oom.jsonl.gz")
     causes = {e.oom.cause for e in ooms}
     assert {"full", "fragmentation", "limit"} <= causes
-    [died] = [e for e in ooms if e.oom.exited]
+    leaked = {e.pid for e in events if e.signal == "memory_leak"}
+    [died] = [e for e in ooms if e.pid in leaked]  # the process that leaked into the wall
     first = next(e for e in events if e.signal == "memory_leak" and e.pid == died.pid)
+    assert died.oom.exited and died.oom.cause == "full"
     assert died.ref == first.id and died.oom.lead_seconds > 0
 
 
