@@ -241,12 +241,16 @@ class StaticServer:
     """A loopback HTTP server answering every GET with the same body (an engine's /metrics,
     or something that is not what the client expects)."""
 
-    def __init__(self, body: bytes, content_type: str = "text/plain") -> None:
+    def __init__(self, body: bytes, content_type: str = "text/plain",
+                 paths: dict[str, tuple[bytes, str]] | None = None) -> None:
+        """paths: other bodies by path (the query string ignored)."""
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
+                body, content_type = (paths or {}).get(self.path.partition("?")[0],
+                                                       (default, default_type))
                 self.send_response(200)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
@@ -256,6 +260,7 @@ class StaticServer:
             def log_message(self, *args):
                 pass
 
+        default, default_type = body, content_type
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
