@@ -9,7 +9,7 @@ costs, written as JSON.
 nvitop-exporter is found on PYTHONPATH (its wheels and nvitop's can be put there as .whl
 files: both are pure Python) or unpacked from --wheels DIR. Without --no-load the benchmark
 starts its own torch processes (3 by default, a few GiB each, with light churn). About 140 s
-with the defaults (load start ~15 s, warm-up 20 s, window 90 s).
+with the defaults (load start ~15 s, warm-up 15 s, window 90 s).
 """
 
 from __future__ import annotations
@@ -20,18 +20,17 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import psutil
+
+from tests.helpers import free_port, http_get
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -72,18 +71,9 @@ IMPORT_COST = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, b""
+        return http_get(url, timeout)
     except (OSError, ValueError):
         return 0, b""
 
@@ -236,7 +226,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--window", type=float, default=90.0, help="seconds measured")
-    ap.add_argument("--warmup", type=float, default=20.0, help="seconds before the window")
+    ap.add_argument("--warmup", type=float, default=15.0, help="seconds before the window")
     ap.add_argument("--interval", type=float, default=1.0, help="both exporters' sampling")
     ap.add_argument("--scrape-every", type=float, default=15.0)
     ap.add_argument("--no-load", action="store_true", help="start no torch processes")

@@ -267,3 +267,14 @@ class FakeNvml:
 
 def proc(pid: int, used: int | None) -> SimpleNamespace:
     return SimpleNamespace(pid=pid, usedGpuMemory=used)
+
+
+def open_backend(monkeypatch, gpus):
+    """The real NVML backend over these fake GPUs, opened: (fake, backend)."""
+    from gpuwatch.sources.nvml import NvmlBackend
+
+    fake = FakeNvml(gpus)
+    fake.install(monkeypatch)
+    backend = NvmlBackend(xid_events=False)
+    backend.open()
+    return fake, backend

@@ -198,6 +198,10 @@ def test_critical_zone_keeps_its_marks_and_a_phone_reads_the_page(daemon, tmp_pa
             "return [document.documentElement.scrollWidth,"
             " [...document.querySelectorAll('.card')].map(c => c.getBoundingClientRect().right)]")
         assert width <= 420 and max(rights) <= 420, (width, rights)
+        # and nothing inside a GPU card scrolls sideways
+        overflow = phone.js("return [...document.querySelectorAll('.card.gpu')]"
+                            ".map(c => c.scrollWidth - c.clientWidth)")
+        assert max(overflow) <= 0, overflow
         # what matters stays in the process table: pid, name, memory, leak rate, time to OOM
         heads = phone.js("return [...document.querySelectorAll('.card.gpu:first-child .procs th')]"
                          ".filter(e => e.getClientRects().length).map(e => e.innerText.trim())")
