@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import select
 import shutil
 import signal
 import subprocess
@@ -201,10 +202,10 @@ def start_load(n: int, gib: float, seconds: float, env: dict[str, str]) -> list:
     deadline = time.monotonic() + 90
     for p in procs:
         line = ""
-        while time.monotonic() < deadline and not line:
+        # waited on with a deadline: a CUDA initialisation that hangs must not hang the run
+        ready, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if ready:
             line = p.stdout.readline()
-            if p.poll() is not None:
-                break
         if not line.startswith("ready"):
             for q in procs:
                 q.kill()
