@@ -262,7 +262,6 @@ class StaticServer:
             def log_message(self, *args):
                 pass
 
-        default, default_type = body, content_type
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
