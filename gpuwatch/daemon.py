@@ -407,7 +407,7 @@ class Daemon:
             await runner.cleanup()
             await self.remediator.close()
             self._close_outputs()
-            return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
+            return exitcodes.for_bind_error(exc)
         # "serving on" comes in the startup summary, after the first tick names the GPUs.
         if self.web is not None and self.web.users and tls is None:
             log.warning("basic auth without tls_server_config: passwords cross the network "
