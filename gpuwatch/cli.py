@@ -23,11 +23,11 @@ SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "fragmentation",
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from gpuwatch.logfmt import LogFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogFormatter())
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     from gpuwatch.redact import install_log_filter
 

@@ -120,9 +120,8 @@ class Daemon:
         return tick
 
     def _log_actions(self, actions: list[ActionEvent]) -> None:
-        for action in actions:
+        for action in actions:  # logged once, by the ledger that decided it
             self.recent.append(action)
-            log.info("%s", logfmt.human_line(action))  # the JSON form goes to the events log
             self._log_event(action)
 
     def _process(self, tick: Tick) -> list[Event]:
@@ -142,8 +141,7 @@ class Daemon:
         sig.errors_total = self.pipeline.errors
         for ev in events:
             self.recent.append(ev)
-            log.log(logging.WARNING if ev.state == "firing" else logging.INFO, "%s",
-                    logfmt.human_line(ev))
+            log.log(logfmt.level(ev), "%s", logfmt.human_line(ev, with_time=False))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
         self._publish(tick, ready=True)
