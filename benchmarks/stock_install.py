@@ -4,18 +4,20 @@ Builds (or reuses) a debootstrap root of bookworm, copies the working tree into 
 under chroot, as root:
 
 1. the README's run command, until the daemon answers 200 on /readyz;
-2. the README's test command, with pytest limited to `--tests` (the whole suite is CI's job;
-   pass `--tests ''` to run all of it).
+2. docs/deployment.md's install block, as written (it ends in `gpuwatch check`);
+3. the README's test command: the whole suite (`--tests PATHS` limits it), with its cache of
+   real servers and Debian's Prometheus tools inside the root, as on a new machine. The units
+   the command's packages enable and the processes left running in the root are logged.
 
-The commands are read from README.md, never retyped here. The Debian mirror is the one apt on
-this machine is configured with (/etc/apt/sources.list*), so nothing names a host. The
+The commands are read from the documents, never retyped here. The Debian mirror is the one apt
+on this machine is configured with (/etc/apt/sources.list*), so nothing names a host. The
 bootstrapped root is cached as a tarball keyed by the suite, debootstrap's version and the UTC
 date (a new day gets a fresh archive state).
 
     sudo python3 benchmarks/stock_install.py --log benchmarks/results/stock-install-bookworm.log
 
-Needs root, debootstrap, tar, and the Debian archive and PyPI reachable. Takes 10-20 minutes on
-two cores the first time of a day (most of it is debootstrap and pip); not part of CI.
+Needs root, debootstrap, tar, and the Debian archive and PyPI reachable. The whole suite takes
+40-60 minutes on two cores (a cold cache of real servers is about 12 of them); not part of CI.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import datetime as dt
 import glob
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -37,8 +40,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"
-DEFAULT_TESTS = ("tests/test_readme.py tests/test_cli_errors.py tests/test_cli_check_config.py "
-                 "tests/test_deploy_files.py tests/test_startup_log.py")
+# The install, CLI and deployment tests (--tests subset): a quick pass of the same commands.
+SUBSET = ("tests/test_readme.py tests/test_cli_errors.py tests/test_cli_check_config.py "
+          "tests/test_deploy_files.py tests/test_startup_log.py tests/test_exit_statuses.py "
+          "tests/test_docs_deployment.py")
 # The run command's daemon listens here, given by GPUWATCH_LISTEN: the command stays as written.
 PORT = 19471
 
@@ -46,6 +51,19 @@ PORT = 19471
 def readme_commands() -> tuple[str, str]:
     blocks = re.findall(r"```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     return blocks[0].strip(), blocks[1].strip()
+
+
+def deployment_install_block() -> str:
+    doc = (ROOT / "docs" / "deployment.md").read_text()
+    install = doc.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", install, re.S)[0].strip()
+
+
+def enabled_units(root: Path) -> set[str]:
+    """What starts at boot: systemd's .wants links and SysV start links."""
+    found = {str(p.relative_to(root)) for p in root.glob("etc/systemd/system/*.wants/*")}
+    found |= {str(p.relative_to(root)) for p in root.glob("etc/rc[2-5].d/S*")}
+    return found
 
 
 def apt_mirror() -> str:
@@ -133,18 +151,19 @@ def mounted(root: Path):
             subprocess.run(["umount", "-R", str(dst)], check=False)
 
 
-def stop_leftovers(root: Path) -> list[int]:
-    """Stop processes still running inside the root (a daemon a failed test left), by pid."""
-    pids = []
+def stop_leftovers(root: Path) -> list[tuple[int, str]]:
+    """Stop processes still running inside the root (a service a package started, a daemon a
+    failed test left), by pid; their pids and names."""
+    found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 if os.readlink(entry / "root").startswith(str(root)):
-                    pids.append(int(entry.name))
-    for pid in pids:
+                    found.append((int(entry.name), (entry / "comm").read_text().strip()))
+    for pid, _ in found:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    return pids
+    return found
 
 
 def still_mounted(work: Path) -> list[str]:
@@ -194,8 +213,9 @@ def wait_ready(timeout: float, proc: subprocess.Popen) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", default=str(ROOT / "benchmarks/results/stock-install-bookworm.log"))
-    ap.add_argument("--tests", default=DEFAULT_TESTS,
-                    help="test paths appended to the README's pytest ('' = the whole suite)")
+    ap.add_argument("--tests", default="",
+                    help=f"test paths appended to the README's pytest (default: none, the "
+                         f"whole suite; the install and CLI subset: {SUBSET})")
     ap.add_argument("--keep", action="store_true", help="keep the chroot for inspection")
     ap.add_argument("--bootstrap-only", action="store_true", help="only fill the cache")
     args = ap.parse_args()
@@ -236,12 +256,21 @@ def main() -> int:
                 fh.flush()
                 results["run"] = "ok: /readyz answered 200" if ok else "FAILED"
                 log(fh, f"run command: {results['run']}; daemon exit {daemon.returncode}")
+                block = deployment_install_block()
+                log(fh, "INSTALL block (docs/deployment.md):\n" + block)
+                rc = run_logged(fh, chroot_argv(root, f"bash -e -c {shlex.quote(block)}",
+                                                extra=listen), 1200)
+                results["deployment"] = "ok" if rc == 0 else f"FAILED (exit {rc})"
+                before = enabled_units(root)
                 log(fh, f"TEST command (README): {test_cmd}")
-                rc = run_logged(fh, chroot_argv(root, test_cmd), 3600)
+                rc = run_logged(fh, chroot_argv(root, test_cmd), 5400)
                 results["test"] = "ok" if rc == 0 else f"FAILED (exit {rc})"
+                added = sorted(enabled_units(root) - before)
+                log(fh, "units the test command enabled: " + (", ".join(added) or "none"))
                 left = stop_leftovers(root)
+                log(fh, "processes it left running in the root: " + (
+                    ", ".join(f"{pid} {name}" for pid, name in left) or "none"))
                 if left:
-                    log(fh, f"stopped processes left in the root: {left}")
                     time.sleep(1)
         finally:
             # Never remove a tree that still has the host's /dev or /sys bound inside it.
@@ -251,8 +280,10 @@ def main() -> int:
             elif not args.keep:
                 shutil.rmtree(work, ignore_errors=True)
         log(fh, f"RESULT run: {results.get('run', 'not reached')}; "
+            f"deployment install block: {results.get('deployment', 'not reached')}; "
             f"test: {results.get('test', 'not reached')}")
-    return 0 if results.get("run", "").startswith("ok") and results.get("test") == "ok" else 1
+    return 0 if results.get("run", "").startswith("ok") and results.get("test") == "ok" and \
+        results.get("deployment") == "ok" else 1
 
 
 if __name__ == "__main__":

@@ -165,6 +165,22 @@ def test_containerfile_builds_the_pinned_tag():
         assert (REPO / name).exists(), name
 
 
+def test_the_container_keeps_the_units_hardening():
+    """The unit's capabilities, no privilege gain and read-only system, in the image's run
+    command and the DaemonSet alike."""
+    caps = {c.removeprefix("CAP_") for c in set(unit()["CapabilityBoundingSet"][0].split())}
+    text = (ROOT / "Containerfile").read_text()
+    assert set(re.findall(r"--cap-add (\w+)", text)) == caps and "--cap-drop ALL" in text
+    for flag in ("--security-opt no-new-privileges", "--read-only", "--pid=host"):
+        assert flag in text, flag
+    assert re.search(r"^FROM \$\{BASE\}$", text, re.M) and "python3-venv" in text
+    (container,) = one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    sc = container["securityContext"]
+    assert set(sc["capabilities"]["add"]) == caps and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert unit()["NoNewPrivileges"] == ["yes"] and unit()["ProtectSystem"] == ["strict"]
+
+
 def unit() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for line in UNIT.read_text().splitlines():
