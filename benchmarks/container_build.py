@@ -105,7 +105,7 @@ def main() -> int:
             # its child outright), then buildah's status is gpuwatch's.
             for pid in descendants(daemon.pid):
                 with contextlib.suppress(OSError):
-                    if b"gpuwatch" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    if b"/bin/gpuwatch\x00run\x00" in Path(f"/proc/{pid}/cmdline").read_bytes():
                         os.kill(pid, signal.SIGTERM)
             daemon.wait(60)
             stock_install.log(fh, f"gpuwatch run in the image: /readyz "

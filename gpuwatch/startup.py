@@ -32,16 +32,17 @@ def _readable_file(key: str, path: str) -> None:
 def validate_files(cfg: Config):
     """Read and check every file the configuration names; the web config (or None).
     Raises SetupError."""
-    from gpuwatch import webconfig
-    from gpuwatch.thresholds import ThresholdsError, load_table
-
     if cfg.thresholds.file:
+        from gpuwatch.thresholds import ThresholdsError, load_table
+
         try:
             load_table(cfg.thresholds.file)
         except ThresholdsError as exc:
             raise SetupError(f"thresholds.file: {exc}") from None
     web = None
     if cfg.web_config:
+        from gpuwatch import webconfig
+
         try:
             web = webconfig.load(cfg.web_config)
         except webconfig.WebConfigError as exc:

@@ -116,7 +116,8 @@ def as_user(uid: int, mods: Path, *args: str) -> list[str]:
 
 
 def modules_of(tmp: Path, env: dict, *args: str) -> Path:
-    """The modules a root run of `gpuwatch ARGS` imports (stopped after its first tick)."""
+    """The modules a root `gpuwatch ARGS` (run, stopped after its first tick) and the same
+    `gpuwatch check` import."""
     mods = tmp / "modules"
     d = Proc(as_user(0, mods, *args), tmp, "as-root",
              env={**env, "STATE_DIRECTORY": str(tmp / "root-state")})
@@ -126,6 +127,11 @@ def modules_of(tmp: Path, env: dict, *args: str) -> Path:
     finally:
         d.stop()
     assert mods.exists(), d.output()[-2000:]
+    # and what `check` imports besides (it probes engines over HTTP)
+    checked = tmp / "modules-check"
+    subprocess.run(as_user(0, checked, "check", *args[1:]), capture_output=True, cwd="/",
+                   env={**env, "STATE_DIRECTORY": str(tmp / "root-state")}, timeout=120)
+    mods.write_text(mods.read_text() + "\n" + checked.read_text())
     return mods
 
 
