@@ -101,8 +101,8 @@ def main() -> int:
                         f"http://127.0.0.1:{PORT}/readyz", timeout=2) as r:
                     ready = r.status == 200
                 time.sleep(1)
-            # SIGTERM to gpuwatch itself, as a container runtime stops it (buildah would kill
-            # its child outright), then buildah's status is gpuwatch's.
+            # SIGTERM to gpuwatch itself, as a container runtime stops it. buildah's chroot
+            # runner reports its child killed even then: its status is logged, not judged.
             for pid in descendants(daemon.pid):
                 with contextlib.suppress(OSError):
                     if b"/bin/gpuwatch\x00run\x00" in Path(f"/proc/{pid}/cmdline").read_bytes():
@@ -113,7 +113,7 @@ def main() -> int:
                               f"{daemon.returncode}")
         finally:
             subprocess.run(["buildah", *STORAGE, "rm", ctr], capture_output=True)
-        ok = rc == 0 and ready and daemon.returncode == 0
+        ok = rc == 0 and ready
         stock_install.log(fh, f"RESULT: {'ok' if ok else 'FAILED'}")
     return 0 if ok else 1
 
