@@ -193,6 +193,7 @@ def copy_tree(dst: Path) -> None:
             shutil.copy2(src, dst / name)
 
 
+HOSTS = "127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n"
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 CHROOT_CA = "/etc/ssl/certs/outer-network-ca.crt"
 
@@ -248,6 +249,10 @@ def main() -> int:
             if args.bootstrap_only:
                 return 0
             shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
+            # What Debian's installer writes and debootstrap does not: without it `localhost`
+            # does not resolve (chromedriver's clients connect to it).
+            if not (root / "etc/hosts").exists():
+                (root / "etc/hosts").write_text(HOSTS)
             if os.path.exists(HOST_CA):
                 (root / CHROOT_CA.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(HOST_CA, root / CHROOT_CA.lstrip("/"))

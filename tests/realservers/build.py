@@ -181,6 +181,9 @@ DEBIAN_TOOLS = {"prometheus": ("prometheus", "promtool"),
                 "prometheus-alertmanager": ("prometheus-alertmanager", "amtool")}
 
 
+ALERTMANAGER_TEMPLATE = "/usr/share/prometheus/alertmanager/default.tmpl"
+
+
 def _candidate(package: str) -> str:
     out = subprocess.run(["apt-cache", "policy", package], capture_output=True, text=True,
                          env={**os.environ, "LC_ALL": "C"}).stdout
@@ -209,7 +212,18 @@ def debian_tools() -> Path:
         shutil.rmtree(debs)
 
     name = "debian-" + "-".join(pins).replace("=", "-").replace(":", "_")
-    return ensure(name, fetch) / "root" / "usr" / "bin"
+    root = ensure(name, fetch) / "root"
+    # Debian's Alertmanager reads its default notification template from this path (not
+    # from its binary): the one file placed outside the cache, inert data, where the
+    # package itself would put it.
+    tmpl = Path(ALERTMANAGER_TEMPLATE)
+    if not tmpl.exists():
+        try:
+            tmpl.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / ALERTMANAGER_TEMPLATE.lstrip("/"), tmpl)
+        except OSError as exc:
+            raise Unavailable(f"Debian's Alertmanager needs {tmpl}: {exc.strerror}") from None
+    return root / "usr" / "bin"
 
 
 def tool_dir() -> str | None:
