@@ -144,9 +144,8 @@ class Daemon:
         return tick
 
     def _log_actions(self, actions: list[ActionEvent]) -> None:
-        for action in actions:
+        for action in actions:  # logged once, by the ledger that decided it
             self.recent.append(action)
-            log.info("%s", logfmt.human_line(action))  # the JSON form goes to the events log
             self._log_event(action)
 
     def _process(self, tick: Tick) -> list[Event]:
@@ -166,8 +165,7 @@ class Daemon:
         sig.errors_total = self.pipeline.errors
         for ev in events:
             self.recent.append(ev)
-            log.log(logging.WARNING if ev.state == "firing" else logging.INFO, "%s",
-                    logfmt.human_line(ev))
+            log.log(logfmt.level(ev), "%s", logfmt.human_line(ev, with_time=False))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
         self._publish(tick, ready=True)
@@ -428,7 +426,7 @@ class Daemon:
             await runner.close()
             await self.remediator.close()
             self._close_outputs()
-            return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
+            return exitcodes.for_bind_error(exc)
         # "serving on" comes in the startup summary, after the first tick names the GPUs.
         if self.web is not None and self.web.users and tls is None:
             log.warning("basic auth without tls_server_config: passwords cross the network "

@@ -76,9 +76,8 @@ def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         raise RuntimeError(
-            f"{name} is not installed; the README's test command installs it "
-            "(Debian packages prometheus, prometheus-alertmanager)"
-        )
+            f"{name} not found: tests/conftest.py unpacks Debian's prometheus and "
+            "prometheus-alertmanager into the test cache (needs apt-get and the archive)")
     return path
 
 
