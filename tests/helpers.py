@@ -21,9 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment for a child that imports gpuwatch from this checkout."""
+    """The environment for a child that imports gpuwatch from this checkout, without the
+    harness's own GPUWATCH_TEST* switches (they are not the daemon's settings)."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, **extra}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_TEST")}
+    return {**env, "PYTHONPATH": path, **extra}
 
 
 def free_port() -> int:
