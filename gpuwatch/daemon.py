@@ -32,6 +32,7 @@ from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
+from gpuwatch.ratelog import RateLimitedLog
 from gpuwatch.recording import Recorder
 from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
@@ -76,6 +77,11 @@ class Daemon:
         self._reload_again = False
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
+        # Failures that could repeat every tick: counted, shown in /readyz and the metrics,
+        # logged once a minute at most.
+        self.tick_health = RateLimitedLog(log, "tick")
+        self._record_errors = RateLimitedLog(log, "recording a tick")
+        self._render_errors = RateLimitedLog(log, "rendering /metrics")
         self.remediator = None
         self.probe_dir = resolve_dir(cfg.probe.dir)
         self.probe_reader = ProbeReader(self.probe_dir)
@@ -129,9 +135,12 @@ class Daemon:
         if self._recorder is not None:
             try:
                 self._recorder.write(tick)
+                self._record_errors.ok()
             except OSError as exc:
                 log.error("recording stopped: %s", exc)
                 self._recorder = None
+            except Exception as exc:  # this tick's line is lost, not the tick
+                self._record_errors.failed(exc)
         t0 = time.perf_counter()
         events = self.pipeline.update(tick)
         if self._events_log is not None:
@@ -146,6 +155,7 @@ class Daemon:
                     logfmt.human_line(ev))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
+        self.tick_health.ok()
         self._publish(tick, ready=True)
         return events
 
@@ -157,6 +167,7 @@ class Daemon:
         self._version += 1
         if self.remediator is not None:
             self._extras["remediation"] = self.remediator.counters()
+        self._extras["ticks"] = self.tick_health.state()
         self.snapshot = Snapshot(
             version=self._version,
             tick=tick,
@@ -174,8 +185,9 @@ class Daemon:
         if self.renderer.due(self.config.nvml.fast_interval_seconds):
             try:
                 self.renderer.render_ahead(self.snapshot)
-            except Exception:
-                log.exception("rendering /metrics failed")
+                self._render_errors.ok()
+            except Exception as exc:
+                self._render_errors.failed(exc)
 
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -184,8 +196,9 @@ class Daemon:
         while not self._stop.is_set():
             try:
                 await self.tick_once()
-            except Exception:
-                log.exception("tick failed")
+            except Exception as exc:  # shown in /readyz and gpuwatch_tick_failures_total
+                self.tick_health.failed(exc)
+                self._publish(self.snapshot.tick, ready=False)
             if first:  # the summary names the GPUs the first tick found
                 first = False
                 for line in self.summary():

@@ -6,6 +6,8 @@ import hashlib
 
 import msgspec
 
+from gpuwatch.safetext import encode_json
+
 SIGNALS = (
     "memory_leak",
     "memory_zone",
@@ -70,4 +72,4 @@ _encoder = msgspec.json.Encoder()
 
 
 def to_json(ev: Event | ActionEvent) -> str:
-    return _encoder.encode(ev).decode()
+    return encode_json(_encoder, ev).decode()

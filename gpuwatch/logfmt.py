@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpuwatch.events import ActionEvent, Event
+from gpuwatch.safetext import printable
 
 MIB = 1 << 20
 
@@ -60,21 +61,23 @@ def target(ev: Event) -> str:
 
 
 def human_line(ev: Event | ActionEvent) -> str:
-    """One line: time, severity, signal and state, target, value against threshold, message."""
+    """One line: time, severity, signal and state, target, value against threshold, message;
+    control characters (of a process name, an engine's text) escaped."""
     ident = getattr(ev, "id", None)
     ref = getattr(ev, "ref", None)
     tag = "".join(f" [{k} {v}]" for k, v in (("id", ident), ("ref", ref)) if v)
     if isinstance(ev, ActionEvent):
         why = f": {ev.reason}" if ev.reason else ""
         via = f" (from {ev.trigger})" if ev.trigger else ""
-        return f"{iso(ev.t)} action {ev.action} {ev.target} -> {ev.result}{via}{why}{tag}"
+        return printable(f"{iso(ev.t)} action {ev.action} {ev.target} -> {ev.result}{via}{why}"
+                         f"{tag}")
     parts = [f"{iso(ev.t)} {ev.severity.upper()} {ev.signal} {ev.state}", target(ev)]
     against = _against(ev)
     if against:
         parts.append(against)
     if ev.message:
         parts.append(ev.message)
-    return " | ".join(parts) + tag
+    return printable(" | ".join(parts) + tag)
 
 
 def url_host(host: str) -> str:

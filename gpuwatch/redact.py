@@ -17,6 +17,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 
+from gpuwatch.safetext import printable
+
 MASK = "***"
 # Shorter values are still masked in their fields, but scrubbing them out of free text would
 # mangle unrelated words.
@@ -207,20 +209,22 @@ _json = msgspec.json.Encoder()
 
 class LogScrubber(logging.Filter):
     """Formats each record's message now, scrubbed, so no handler writes a secret; the
-    traceback of an exception is scrubbed the same way."""
+    traceback of an exception is scrubbed the same way. Control characters are escaped
+    (a process name cannot forge a line or drive the terminal); a traceback keeps its
+    newlines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:  # a bad format string: let logging report it as it would
             return True
-        record.msg, record.args = scrub_text(message), None
+        record.msg, record.args = printable(scrub_text(message)), None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = scrub_text(record.exc_text)
+            record.exc_text = printable(scrub_text(record.exc_text), keep="\n")
         if record.stack_info:
-            record.stack_info = scrub_text(record.stack_info)
+            record.stack_info = printable(scrub_text(record.stack_info), keep="\n")
         return True
 
 

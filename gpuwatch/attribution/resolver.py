@@ -20,6 +20,7 @@ from gpuwatch.attribution.podresources import (
     PodResourcesUnavailable,
     list_containers,
 )
+from gpuwatch.safetext import valid
 
 
 class Host(Protocol):
@@ -89,7 +90,7 @@ class ProcHost:
 @functools.lru_cache(maxsize=1024)
 def user_name(uid: int) -> str | None:
     try:
-        return pwd.getpwuid(uid).pw_name
+        return valid(pwd.getpwuid(uid).pw_name)  # /etc/passwd holds bytes
     except (KeyError, OverflowError):
         return None
 

@@ -13,12 +13,15 @@ from collections.abc import Iterable
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
+from gpuwatch.safetext import valid
+
 _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram",
           "summary": "summary", "info": "gauge", "stateset": "gauge", "unknown": "untyped",
           "gaugehistogram": "histogram"}
 
 
 def _escape(v: str) -> str:
+    v = valid(v)  # once per label set (see below): one bad value never fails the scrape
     if "\\" in v or "\n" in v or '"' in v:
         return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return v

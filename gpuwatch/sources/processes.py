@@ -1,10 +1,14 @@
-"""Join NVML's pids with what the host knows about them (name, user, start time)."""
+"""Join NVML's pids with what the host knows about them (name, user, start time).
+
+Names and users are bytes any user chooses (prctl, a binary's file name, /etc/passwd):
+they enter the sample as valid text (gpuwatch.safetext.valid)."""
 
 from __future__ import annotations
 
 import psutil
 
 from gpuwatch.model import ProcessSample
+from gpuwatch.safetext import valid
 
 
 class ProcessInfo:
@@ -26,8 +30,8 @@ class ProcessInfo:
             name = user = ""
             try:
                 with proc.oneshot():
-                    name = proc.name()
-                    user = proc.username()
+                    name = valid(proc.name())
+                    user = valid(proc.username())
             except (psutil.Error, KeyError):
                 pass  # KeyError: uid without a passwd entry
             cached = (create_time, name, user)
