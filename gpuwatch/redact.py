@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -220,12 +221,32 @@ class LogScrubber(logging.Filter):
             return True
         record.msg, record.args = printable(scrub_text(message)), None
         if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = _format_exception(record.exc_info)
         if record.exc_text:
             record.exc_text = printable(scrub_text(record.exc_text), keep="\n")
         if record.stack_info:
             record.stack_info = printable(scrub_text(record.stack_info), keep="\n")
         return True
+
+
+def _format_exception(exc_info) -> str:
+    """The traceback as logging writes it, with each exception's own text escaped whole:
+    a message with a newline in it cannot start a line of its own."""
+    try:
+        te = traceback.TracebackException(*exc_info)
+    except Exception:  # fall back to logging's own rendering
+        return logging.Formatter().formatException(exc_info)
+    todo, seen = [te], set()
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if isinstance(getattr(t, "_str", None), str):
+            t._str = printable(t._str)
+        todo += [x for x in (t.__cause__, t.__context__, *(getattr(t, "exceptions", None)
+                                                           or ())) if x is not None]
+    return "".join(te.format()).rstrip("\n")
 
 
 def install_log_filter(logger: logging.Logger | None = None) -> None:
