@@ -81,3 +81,78 @@ class Procs:
 
 def comm(pid: int) -> bytes:
     return Path(f"/proc/{pid}/comm").read_bytes().rstrip(b"\n")
+
+
+# A process that drops to its uid, then moves itself into the cgroup path it reads on stdin
+# (empty: stays), as a user does in the cgroups systemd delegates to it.
+SELF_MOVE = r"""
+import os, sys, time
+uid = int(sys.argv[1])
+os.setgid(uid)
+os.setuid(uid)
+print("ready", flush=True)
+target = sys.stdin.readline().strip()
+if target:
+    os.makedirs(target, exist_ok=True)
+    with open(os.path.join(target, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+print("moved", flush=True)
+time.sleep(600)
+"""
+
+
+def cgroup2_root() -> str | None:
+    """Where the unified (v2) hierarchy is mounted, if a test may make cgroups in it."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    for _dev, where, fstype, opts, *_ in mounts:
+        if fstype == "cgroup2" and "rw" in opts.split(",") and os.access(where, os.W_OK):
+            return where
+    return None
+
+
+class Cgroups:
+    """Cgroups made for one test under the v2 root, each process put back and each cgroup
+    removed at the end."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.made: list[str] = []
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel.strip("/"))
+
+    def make(self, rel: str, owner: int | None = None) -> str:
+        """mkdir -p under the root; owner: delegate it (the directory and the files a
+        delegated user writes), as systemd does for user@<uid>.service."""
+        parts = rel.strip("/").split("/")
+        for k in range(1, len(parts) + 1):
+            p = os.path.join(self.root, *parts[:k])
+            if not os.path.isdir(p):
+                os.mkdir(p)
+                self.made.append(p)
+        p = self.path(rel)
+        if owner is not None:
+            for name in ("", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
+                os.chown(os.path.join(p, name) if name else p, owner, owner)
+        return p
+
+    def move(self, pid: int, rel: str) -> None:
+        with open(os.path.join(self.make(rel), "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+
+    def close(self) -> None:
+        for top in sorted(self.made, key=len, reverse=True):
+            for d, _, _ in os.walk(top, topdown=False):  # users' own cgroups below too
+                try:
+                    with open(os.path.join(d, "cgroup.procs")) as f:
+                        pids = f.read().split()
+                    for pid in pids:
+                        with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
+                            f.write(pid)
+                    os.rmdir(d)
+                except OSError:
+                    pass
