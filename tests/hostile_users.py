@@ -156,3 +156,59 @@ class Cgroups:
                     os.rmdir(d)
                 except OSError:
                     pass
+
+
+def shared_dir() -> str:
+    """A fresh directory every user may traverse (the tests' own tmp_path is root's 0700),
+    for probe directories; the caller removes it."""
+    d = tempfile.mkdtemp(prefix="gpuwatch-hostile-")
+    os.chmod(d, 0o755)
+    return d
+
+
+# A stand-in for the in-process probe, run as its uid: publishes a record with one sample
+# for its pid in <probe dir>/<uid>/ (once the daemon has made that directory), and answers
+# each snapshot request with a file of `size` bytes under the name the daemon expects:
+# `dense` (written whole) or `sparse` (8 KiB at each end, a hole between).
+SNAP_PROBE = r"""
+import json, os, re, sys, time
+uid, base, mode, size = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+os.setgid(uid)
+os.setuid(uid)
+pid, d = os.getpid(), os.path.join(base, str(uid))
+req = re.compile(r"req-%d-([0-9a-f]+)\.json" % pid)
+print("ready", flush=True)
+
+def put(name, data):
+    tmp = os.path.join(d, "." + name)
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data))
+    os.rename(tmp, os.path.join(d, name))
+
+last = 0.0
+while True:
+    time.sleep(0.05)
+    if not os.path.isdir(d):
+        continue
+    now = time.time()
+    if now - last > 0.5:
+        put(f"{pid}.json", {"format": "gpuwatch-probe", "version": 1, "pid": pid, "t": now,
+                            "interval_seconds": 0.5, "samples": [{
+                                "pid": pid, "device": 0, "t": now, "allocated_bytes": 1 << 20,
+                                "reserved_bytes": 2 << 20}]})
+        last = now
+    for name in os.listdir(d):
+        m = req.fullmatch(name)
+        if m is None:
+            continue
+        os.unlink(os.path.join(d, name))
+        snap = f"gpuwatch-probe-{pid}-{m[1]}.pickle"
+        with open(os.path.join(d, snap), "wb") as f:
+            if mode == "sparse":
+                f.write(b"s" * 8192)
+                f.seek(size - 8192)
+                f.write(b"s" * 8192)
+            else:
+                f.write(b"d" * size)
+        put(f"res-{pid}-{m[1]}.json", {"ok": True, "name": snap, "segments": 1})
+"""
