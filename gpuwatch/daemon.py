@@ -36,6 +36,7 @@ from gpuwatch.ratelog import RateLimitedLog
 from gpuwatch.recording import Recorder
 from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
+from gpuwatch.sources.probe_fs import UserFilesystems
 from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
 from gpuwatch.thresholds import ThresholdsError
@@ -84,7 +85,8 @@ class Daemon:
         self._render_errors = RateLimitedLog(log, "rendering /metrics")
         self.remediator = None
         self.probe_dir = resolve_dir(cfg.probe.dir)
-        self.probe_reader = ProbeReader(self.probe_dir)
+        self.probe_reader = ProbeReader(self.probe_dir, UserFilesystems(
+            self.probe_dir, cfg.probe.user_max_bytes, cfg.probe.user_max_files))
         if cfg.probe.enabled and not cfg.simulate and os.geteuid() == 0:
             # Root's; each user's directory in it is made when their process is on a GPU.
             with contextlib.suppress(OSError):

@@ -212,3 +212,38 @@ while True:
                 f.write(b"d" * size)
         put(f"res-{pid}-{m[1]}.json", {"ok": True, "name": snap, "segments": 1})
 """
+
+
+# A user filling what they can write of the probe filesystem: bytes until the write fails,
+# then empty files until that fails; prints what it got in ("full BYTES FILES ERRNO").
+FILL = r"""
+import errno, os, sys, time
+uid, base = int(sys.argv[1]), sys.argv[2]
+os.setgid(uid)
+os.setuid(uid)
+d = os.path.join(base, str(uid))
+print("ready", flush=True)
+while not os.path.isdir(d):
+    time.sleep(0.05)
+written = files = 0
+err = 0
+try:
+    with open(os.path.join(d, "junk"), "wb", buffering=0) as f:
+        while True:
+            written += f.write(b"\0" * 65536)
+except OSError as exc:
+    err = exc.errno
+try:
+    while True:
+        open(os.path.join(d, f"j{files}"), "wb").close()
+        files += 1
+except OSError:
+    pass
+try:  # and outside its own directory, where it may not write at all
+    open(os.path.join(base, "junk"), "wb").close()
+    outside = "written"
+except OSError as exc:
+    outside = errno.errorcode.get(exc.errno, str(exc.errno))
+print(f"full {written} {files} {errno.errorcode.get(err, err)} {outside}", flush=True)
+time.sleep(600)
+"""
