@@ -19,8 +19,6 @@ import ssl
 import time
 from typing import Any
 
-from aiohttp import web
-
 from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
 from gpuwatch import config as config_mod
 from gpuwatch.attribution.source import make_source as make_attribution
@@ -29,6 +27,7 @@ from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
+from gpuwatch.exporter.server import Server
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
@@ -411,15 +410,12 @@ class Daemon:
             tls = self.guard.context
         app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
                        guard=self.guard)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True,
-                           ssl_context=tls)
+        runner = Server(app)
         try:
-            await site.start()
+            await runner.start(host, port, ssl=tls)
         except OSError as exc:
             log.error("cannot listen on %s: %s", self.config.listen, exc.strerror or exc)
-            await runner.cleanup()
+            await runner.close()
             await self.remediator.close()
             self._close_outputs()
             return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
@@ -445,7 +441,7 @@ class Daemon:
                 if t is not None:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
-            await runner.cleanup()
+            await runner.close()
             await self.remediator.close()
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()

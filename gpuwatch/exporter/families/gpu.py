@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
+from gpuwatch.exporter.metric import CounterMetricFamily, GaugeMetricFamily, Metric
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.xid import describe
 

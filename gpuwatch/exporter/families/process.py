@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
+from gpuwatch.exporter.metric import GaugeMetricFamily, Metric
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import ATTRIBUTION_FIELDS
 
