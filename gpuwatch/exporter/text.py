@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpuwatch.exporter.metric import Metric, float_to_go_string
-
 from gpuwatch.safetext import valid
 
 _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram",
