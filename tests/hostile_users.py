@@ -247,3 +247,27 @@ except OSError as exc:
 print(f"full {written} {files} {errno.errorcode.get(err, err)} {outside}", flush=True)
 time.sleep(600)
 """
+
+
+def snapshot_via_webhook(d, pid: int, uuid: str, fingerprint: str, token: str) -> dict:
+    """Ask the daemon for a snapshot of pid as Alertmanager would, and wait for the action's
+    audit record (result ok or failed)."""
+    import json
+    import urllib.request
+
+    from gpuwatch.remediation.audit import read_records
+    from tests.helpers import wait_until
+    from tests.test_remediation_webhook import alert, payload
+
+    body = json.dumps(payload(alert(pid=pid, uuid=uuid, fingerprint=fingerprint))).encode()
+    req = urllib.request.Request(d.url + "/alertmanager", data=body, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+    audit = d.log_path.parent / f"state-{d.port}" / "audit.jsonl"
+
+    def done():
+        return [r for r in read_records(audit) if r.get("action") == "snapshot"
+                and r.get("detail", {}).get("fingerprint") == fingerprint
+                and r.get("result") in ("ok", "failed")] if audit.exists() else []
+    return wait_until(done, 60, what=f"the snapshot of pid {pid}")[0]

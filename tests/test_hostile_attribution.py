@@ -48,13 +48,6 @@ def cgroups():
 
 
 @pytest.fixture
-def procs():
-    p = hu.Procs()
-    yield p
-    p.close()
-
-
-@pytest.fixture
 def kubelet(tmp_path):
     servicer = Kubelet([("team-b", "victim-pod", [("vllm", ["GPU-fake-0"])])])
     server = grpc.server(futures.ThreadPoolExecutor(2))

@@ -33,13 +33,6 @@ MIB = 1 << 20
 RAW_CONTROLS = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")  # a newline ends a line, nothing else
 
 
-@pytest.fixture
-def procs():
-    p = hu.Procs()
-    yield p
-    p.close()
-
-
 class Gpu:
     """The fake GPU's process list; a leaking pid grows by `rate` bytes per second."""
 

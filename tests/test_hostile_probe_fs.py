@@ -13,15 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from gpuwatch.remediation.audit import read_records
 from tests import hostile_users as hu
 from tests.helpers import child_env, wait_until
-from tests.test_remediation_webhook import alert, payload
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not hu.ROOT, reason="needs root to mount and to run "
@@ -43,13 +40,6 @@ def small_fs():
     yield d
     subprocess.run(["umount", "-R", "-l", d], check=False, capture_output=True)
     shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def procs():
-    p = hu.Procs()
-    yield p
-    p.close()
 
 
 def test_a_user_filling_the_probe_filesystem_fills_only_their_own(daemon, procs, small_fs,
@@ -91,16 +81,8 @@ token = "{TOKEN}"
 
     # The daemon's request to the victim's probe works: a snapshot, copied out.
     uuid = d.state()["sample"]["gpus"][0]["uuid"]
-    body = json.dumps(payload(alert(pid=victim, uuid=uuid, fingerprint="fs-1"))).encode()
-    req = urllib.request.Request(d.url + "/alertmanager", data=body, headers={
-        "Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 200
-    audit = d.log_path.parent / f"state-{d.port}" / "audit.jsonl"
-    done = wait_until(lambda: [r for r in read_records(audit) if r.get("action") == "snapshot"
-                               and r.get("result") in ("ok", "failed")]
-                      if audit.exists() else [], 30, what="the victim's snapshot")
-    assert done[0]["result"] == "ok" and done[0]["detail"].get("allocator_snapshot"), done[0]
+    done = hu.snapshot_via_webhook(d, victim, uuid, "fs-1", TOKEN)
+    assert done["result"] == "ok" and done["detail"].get("allocator_snapshot"), done
     assert "each user's directory a filesystem of its own" in json.dumps(
         d.state()["sources"]["probes"])
 

@@ -9,17 +9,13 @@ the victims' snapshots went first."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from gpuwatch.remediation.audit import read_records
 from tests import hostile_users as hu
 from tests.helpers import wait_until
-from tests.test_remediation_webhook import alert, payload
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not hu.ROOT, reason="needs root to run processes of other uids")]
@@ -27,13 +23,6 @@ pytestmark = [pytest.mark.integration,
 MIB = 1 << 20
 TOKEN = "hostile-snapshots-token-0123456789"
 VICTIMS = (5001, 5002, 5003, 5004, 5005)
-
-
-@pytest.fixture
-def procs():
-    p = hu.Procs()
-    yield p
-    p.close()
 
 
 @pytest.fixture
@@ -73,22 +62,10 @@ token = "{TOKEN}"
 """)
     wait_until(lambda: {p["pid"] for p in d.state()["sample"].get("probes", ())} >= set(pids),
                30, what="every probe read")
-    audit = Path(d.log_path.parent / f"state-{d.port}" / "audit.jsonl")
     uuid = d.state()["sample"]["gpus"][0]["uuid"]
 
     def snapshot(pid: int, n: int = 0) -> dict:
-        fp = f"snap-{pid}-{n}"
-        body = json.dumps(payload(alert(pid=pid, uuid=uuid, fingerprint=fp))).encode()
-        req = urllib.request.Request(d.url + "/alertmanager", data=body, headers={
-            "Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            assert r.status == 200
-
-        def done():
-            return [r for r in read_records(audit) if r.get("action") == "snapshot"
-                    and r.get("detail", {}).get("fingerprint") == fp
-                    and r.get("result") in ("ok", "failed")] if audit.exists() else []
-        return wait_until(done, 60, what=f"the snapshot of pid {pid}")[0]
+        return hu.snapshot_via_webhook(d, pid, uuid, f"snap-{pid}-{n}", TOKEN)
 
     def pickles(uid: int) -> list[Path]:
         return sorted(snaps.glob(f"*-uid{uid}-allocator.pickle"))
