@@ -28,7 +28,8 @@ burstable-pod<another team's uid>.slice/cri-containerd-<id>.scope`. So each shap
 at the root its creator uses: a pod cgroup only where every cgroup above it is one the kubelet
 makes for it (its systemd slices, or `kubepods[/<qos>]`), a Slurm job only at slurmd's root
 (`/slurm*/uid_/job_/step_`, `/system.slice/slurmstepd.scope/job_/step_`), a container
-runtime's scope only where the runtime puts it; nothing under `user.slice` but the unit's name.
+runtime's scope only where the runtime puts it. None of those roots is under `user.slice`, where
+users make cgroups of their own: there a process is only its unit.
 A path that starts with `..` (seen from a cgroup namespace) is anchored at what follows.
 """
 
@@ -56,8 +57,6 @@ _SLURM_UID = re.compile(r"^uid_(?P<uid>\d{1,10})$")
 _SLURM_JOB = re.compile(r"^job_(?P<job>\d{1,20})$")
 _SLURM_STEP = re.compile(r"^step_(?P<step>\d{1,10}|batch|extern|interactive)$")
 _UNIT = re.compile(r"^[\w@.:\\-]{1,255}\.(?:service|scope)$")
-# Where users make cgroups of their own (systemd's per-user slices and managers).
-_USERS = re.compile(r"^(?:user\.slice|user-\d+\.slice|user@\d+\.service)$")
 MAX_LINES = 256
 
 
@@ -87,8 +86,6 @@ def parse_path(path: str) -> CgroupInfo:
     units = [p for p in parts if _UNIT.match(p)]
     if units:
         fields["systemd_unit"] = units[-1]
-    if any(_USERS.match(p) for p in parts):
-        return CgroupInfo(**fields)  # a user's own cgroups: they can be named anything
     pod_at = _pod(parts, fields)
     if pod_at is not None:
         _container(parts[pod_at + 1:pod_at + 2], fields, runtime_default=None)
