@@ -43,12 +43,16 @@ def prepare_dir(path: str | os.PathLike) -> Path:
     return d
 
 
-def owner_of(pid: int | None) -> str:
-    """Whose files a snapshot of pid are: `uid<the user running it>`, else `host`."""
+def owner_of(pid: int | None, create_time: float | None = None) -> str:
+    """Whose files a snapshot of pid are: `uid<the user running it>`, else `host` (no
+    process, or another one under its pid since the sample)."""
     if pid is None:
         return HOST
     try:
-        return f"uid{psutil.Process(pid).uids().real}"
+        proc = psutil.Process(pid)
+        if create_time is not None and abs(proc.create_time() - create_time) > 1.0:
+            return HOST
+        return f"uid{proc.uids().real}"
     except psutil.Error:
         return HOST
 
@@ -142,7 +146,7 @@ async def take(snap: Any, target: Target, event: dict[str, Any], *, directory: s
                timeout: float, t: float, max_user_bytes: int | None = None,
                max_snapshot_bytes: int | None = None) -> dict:
     d = prepare_dir(directory)
-    owner = owner_of(target.pid)
+    owner = owner_of(target.pid, target.create_time)
     share = min(max_user_bytes or max_total_bytes, max_total_bytes)
     stem = file_stem(t, target, owner)
     detail: dict[str, Any] = {"dir": str(d), "owner": owner}
