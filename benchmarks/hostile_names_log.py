@@ -1,16 +1,17 @@
 """Log bytes per minute, and what scrapers get, while a process of another user whose name
 is not valid UTF-8 (and carries terminal controls) is on the GPU.
 
-    python -m benchmarks.hostile_names_log [--anchor TREE] [--seconds 60] [--every 1] [-o FILE]
+    python -m benchmarks.hostile_names_log [--anchor TREE] [--seconds 60] [--every 1]
+        [--no-record] [-o FILE]
 
-Runs as root. A real daemon (`--record` on) over a fake GPU that lists two real processes
-of uid 4242: one renamed through prctl(PR_SET_NAME) to bytes ff fe 1b ..., one running a
-binary whose file name is such bytes. A scraper gets /metrics, /api/state, / and /readyz
-every `--every` seconds. The processes appear on the GPU 5 s after the daemon started (its
-first ticks are clean, as on a host where the user comes later); measured from then on: log
-bytes and lines per minute, the status codes each endpoint answered, how many /metrics
-answers had GPU series at all and how old the sample they show is at the end, the ticks
-recorded with the processes in them.
+Runs as root. A real daemon (`--record` on unless --no-record) over a fake GPU that lists
+two real processes of uid 4242: one renamed through prctl(PR_SET_NAME) to bytes ff fe 1b ...,
+one running a binary whose file name is such bytes. A scraper gets /metrics, /api/state, /
+and /readyz every `--every` seconds. The processes appear on the GPU 5 s after the daemon
+started (its first ticks are clean, as on a host where the user comes later); measured from
+then on: log bytes and lines per minute, the status codes each endpoint answered, how many
+/metrics answers had GPU series at all and how old the sample they show is at the end, the
+ticks recorded with the processes in them.
 
 `--anchor TREE` runs the same first on another checkout of gpuwatch (for instance a
 worktree of the commit before the fix), side by side in one run.
@@ -38,7 +39,7 @@ ENDPOINTS = ("/metrics", "/api/state", "/", "/readyz")
 WARMUP_SECONDS = 5.0
 
 
-def phase(tree: Path, seconds: float, every: float) -> dict:
+def phase(tree: Path, seconds: float, every: float, record: bool) -> dict:
     procs = hu.Procs()
     work = Path(tempfile.mkdtemp(prefix="gpuwatch-bench-names-"))
     try:
@@ -52,7 +53,8 @@ def phase(tree: Path, seconds: float, every: float) -> dict:
         with open(log, "wb") as out:
             daemon = subprocess.Popen(
                 [sys.executable, str(REPO / "tests" / "fake_nvml_daemon.py"), "run",
-                 "--listen", f"127.0.0.1:{port}", "--record", str(work / "rec.jsonl")],
+                 "--listen", f"127.0.0.1:{port}",
+                 *(["--record", str(work / "rec.jsonl")] if record else [])],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work)
         url = f"http://127.0.0.1:{port}"
         try:
@@ -72,7 +74,8 @@ def phase(tree: Path, seconds: float, every: float) -> dict:
                 time.sleep(max(0.0, every - (time.monotonic() - t0) % every))
             elapsed = time.monotonic() - t0
             data = log.read_bytes()
-            state_t = json.loads(http_get(url + "/api/state", 10.0)[1]).get("t")
+            code, body = http_get(url + "/api/state", 10.0)
+            state_t = json.loads(body).get("t") if code == 200 else None
         finally:
             daemon.terminate()
             daemon.wait(30)
@@ -103,17 +106,20 @@ def main() -> None:
     ap.add_argument("--anchor", help="another gpuwatch checkout to run first")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--every", type=float, default=1.0)
+    ap.add_argument("--no-record", dest="record", action="store_false")
     ap.add_argument("-o", "--output")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root: the named processes run as another uid")
     runs = {}
     if args.anchor:
-        runs["anchor"] = phase(Path(args.anchor).resolve(), args.seconds, args.every)
-    runs["this"] = phase(REPO, args.seconds, args.every)
+        runs["anchor"] = phase(Path(args.anchor).resolve(), args.seconds, args.every,
+                               args.record)
+    runs["this"] = phase(REPO, args.seconds, args.every, args.record)
     emit({"machine": f"{platform.machine()} {os.cpu_count()} cpus python "
                      f"{platform.python_version()}",
-          "scrape_every_seconds": args.every, "endpoints": ENDPOINTS, **runs}, args.output)
+          "scrape_every_seconds": args.every, "record": args.record, "endpoints": ENDPOINTS,
+          **runs}, args.output)
 
 
 if __name__ == "__main__":
