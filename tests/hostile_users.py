@@ -188,7 +188,7 @@ def put(name, data):
 last = 0.0
 while True:
     time.sleep(0.05)
-    if not os.path.isdir(d):
+    if not os.access(d, os.W_OK):  # not there yet, or still root's while the daemon makes it
         continue
     now = time.time()
     if now - last > 0.5:
@@ -223,7 +223,7 @@ os.setgid(uid)
 os.setuid(uid)
 d = os.path.join(base, str(uid))
 print("ready", flush=True)
-while not os.path.isdir(d):
+while not os.access(d, os.W_OK):  # the daemon makes it root's first, then the user's
     time.sleep(0.05)
 written = files = 0
 err = 0

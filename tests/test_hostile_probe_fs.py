@@ -76,7 +76,8 @@ token = "{TOKEN}"
     def fresh():
         probes = [p for p in d.state()["sample"].get("probes", ()) if p["pid"] == victim]
         return probes and probes[0]["t"] > after
-    after = json.loads(Path(f"{base}/{hu.VICTIM}/{victim}.json").read_text())["t"]
+    record = Path(f"{base}/{hu.VICTIM}/{victim}.json")
+    after = json.loads(wait_until(record.read_text, 20, what="the victim's record"))["t"]
     wait_until(fresh, 20, what="a record the victim published after the fill")
 
     # The daemon's request to the victim's probe works: a snapshot, copied out.
