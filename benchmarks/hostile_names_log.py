@@ -24,7 +24,6 @@ import collections
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,7 +47,7 @@ def phase(tree: Path, seconds: float, every: float, record: bool) -> dict:
         (work / "pids").write_text("")
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(tree), "FAKE_NVML_PIDS_FILE": str(work / "pids"),
-               "STATE_DIRECTORY": str(work / "state")}
+               "STATE_DIRECTORY": str(work / "state"), "GPUWATCH_PROBE_DIR": str(work / "probe")}
         log = work / "daemon.log"
         with open(log, "wb") as out:
             daemon = subprocess.Popen(
@@ -98,7 +97,7 @@ def phase(tree: Path, seconds: float, every: float, record: bool) -> dict:
         }
     finally:
         procs.close()
-        shutil.rmtree(work, ignore_errors=True)
+        hu.remove_shared(str(work))  # and the probe filesystem the daemon made for the user
 
 
 def main() -> None:

@@ -160,10 +160,20 @@ class Cgroups:
 
 def shared_dir() -> str:
     """A fresh directory every user may traverse (the tests' own tmp_path is root's 0700),
-    for probe directories; the caller removes it."""
+    for probe directories; remove it with remove_shared()."""
     d = tempfile.mkdtemp(prefix="gpuwatch-hostile-")
     os.chmod(d, 0o755)
     return d
+
+
+def remove_shared(d: str) -> None:
+    """Unmount what is mounted at or below d (the daemon's per-user filesystems, a test's
+    small filesystem), deepest first, then remove d."""
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f]
+    for p in sorted((p for p in points if p == d or p.startswith(d + "/")), reverse=True):
+        subprocess.run(["umount", "-l", p], check=False, capture_output=True)
+    shutil.rmtree(d, ignore_errors=True)
 
 
 # A stand-in for the in-process probe, run as its uid: publishes a record with one sample

@@ -248,8 +248,6 @@ def test_hostile_local_users_at_once(daemon, tmp_path):
     with bytes that are not UTF-8 and terminal controls, one in a kubepods-shaped cgroup of
     its own, a user filling all it may write of the probe filesystem, and a flood of large
     snapshots of that user's process beside two other users' snapshots."""
-    import shutil
-
     from tests import hostile_users as hu
 
     if not hu.ROOT:
@@ -261,7 +259,7 @@ def test_hostile_local_users_at_once(daemon, tmp_path):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0755", "tmpfs", shared],
                        check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError) as exc:
-        shutil.rmtree(shared, ignore_errors=True)
+        hu.remove_shared(shared)
         pytest.skip(f"cannot mount a tmpfs here: {exc}")
     try:
         base = f"{shared}/probe"
@@ -344,5 +342,4 @@ max_snapshot_bytes = {4 * mib}
         procs.close()
         if cg is not None:
             cg.close()
-        subprocess.run(["umount", "-R", "-l", shared], check=False, capture_output=True)
-        shutil.rmtree(shared, ignore_errors=True)
+        hu.remove_shared(shared)

@@ -69,7 +69,7 @@ def labels_by_pid(text: str) -> dict[int, dict[str, str]]:
 
 
 def test_spoofed_cgroups_environments_and_sessions_get_no_other_teams_labels(
-        daemon, procs, cgroups, kubelet, tmp_path):
+        daemon, procs, cgroups, kubelet, probe_dir, tmp_path):
     def user(cgroup: str = "", env: dict | None = None, move_to: str = "") -> int:
         """A process of the attacker, in `cgroup` (root puts it there, as systemd does),
         then moving itself to `move_to` below it."""
@@ -104,6 +104,8 @@ def test_spoofed_cgroups_environments_and_sessions_get_no_other_teams_labels(
                                                  session)))
     d = daemon(module="tests.fake_nvml_daemon", env={"FAKE_NVML_PIDS_FILE": str(pids)},
                config_toml=f"""
+[probe]
+dir = "{probe_dir}"
 [attribution]
 podresources_socket = "{kubelet}"
 min_refresh_seconds = 0

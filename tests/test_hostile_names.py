@@ -63,7 +63,7 @@ def no_raw_controls(data: bytes, where: str) -> None:
 
 @needs_binary("promtool")
 @needs_binary("chromedriver")
-def test_bad_process_names_of_another_user_blind_nothing(daemon, procs, tmp_path):
+def test_bad_process_names_of_another_user_blind_nothing(daemon, procs, probe_dir, tmp_path):
     renamed = procs.renamed(hu.BAD_COMM, hu.ATTACKER)
     binary = procs.binary_named(hu.BAD_FILE, hu.ATTACKER)
     wait_until(lambda: hu.comm(binary.pid) == hu.BAD_FILE[:15], 5, what="the binary's comm")
@@ -74,7 +74,8 @@ def test_bad_process_names_of_another_user_blind_nothing(daemon, procs, tmp_path
     gpu = Gpu(tmp_path / "gpu-pids", [renamed.pid, binary.pid], renamed.pid, 150 * MIB)
     rec = tmp_path / "rec.jsonl"
     d = daemon("--record", str(rec), module="tests.fake_nvml_daemon",
-               config_toml=FAST_LEAK_TOML, env={"FAKE_NVML_PIDS_FILE": str(gpu.path)})
+               config_toml=FAST_LEAK_TOML + f'[probe]\ndir = "{probe_dir}"\n',
+               env={"FAKE_NVML_PIDS_FILE": str(gpu.path)})
     try:
         # The leak under the bad name is judged: the analyzers ran on every tick.
         fired = wait_until(lambda: [e for e in d.state()["active_events"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,11 +34,10 @@ def small_fs():
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,nr_inodes=4096,mode=0755",
                         "tmpfs", d], check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError) as exc:
-        shutil.rmtree(d, ignore_errors=True)
+        hu.remove_shared(d)
         pytest.skip(f"cannot mount a tmpfs here: {exc}")
     yield d
-    subprocess.run(["umount", "-R", "-l", d], check=False, capture_output=True)
-    shutil.rmtree(d, ignore_errors=True)
+    hu.remove_shared(d)
 
 
 def test_a_user_filling_the_probe_filesystem_fills_only_their_own(daemon, procs, small_fs,
@@ -130,4 +128,4 @@ def test_where_the_daemon_may_not_mount_it_says_so_and_goes_on(procs):
                                      "all: cannot mount a filesystem per user here")
         assert os.stat(f"{d}/{hu.ATTACKER}").st_dev == os.stat(d).st_dev
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        hu.remove_shared(d)

@@ -9,7 +9,6 @@ the victims' snapshots went first."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,16 +24,9 @@ TOKEN = "hostile-snapshots-token-0123456789"
 VICTIMS = (5001, 5002, 5003, 5004, 5005)
 
 
-@pytest.fixture
-def probe_dir():
-    d = hu.shared_dir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def test_one_users_snapshots_never_erase_anothers(daemon, procs, probe_dir, tmp_path):
     def probe(uid: int, mode: str, size: int) -> int:
-        return procs.script(hu.SNAP_PROBE, f"{probe_dir}/probe", mode, str(size), uid=uid).pid
+        return procs.script(hu.SNAP_PROBE, probe_dir, mode, str(size), uid=uid).pid
 
     victims = {uid: probe(uid, "dense", MIB) for uid in VICTIMS}
     late = probe(5006, "dense", 30 * MIB)  # asks once the directory is mostly taken
@@ -47,7 +39,7 @@ def test_one_users_snapshots_never_erase_anothers(daemon, procs, probe_dir, tmp_
     d = daemon(module="tests.fake_nvml_daemon",
                env={"FAKE_NVML_PIDS_FILE": str(tmp_path / "gpu-pids")}, config_toml=f"""
 [probe]
-dir = "{probe_dir}/probe"
+dir = "{probe_dir}"
 [remediation]
 cooldown_seconds = 0
 rate_limit = 1000
