@@ -29,12 +29,14 @@ from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.server import Server
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
-from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
+from gpuwatch.model import EngineSample, GpuSample, OomSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
 from gpuwatch.ratelog import RateLimitedLog
 from gpuwatch.recording import Recorder
+from gpuwatch.remediation.paths import snapshot_dir
 from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
+from gpuwatch.sources.oom_records import OomReader
 from gpuwatch.sources.probe_fs import UserFilesystems
 from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
@@ -86,6 +88,9 @@ class Daemon:
         self.probe_dir = resolve_dir(cfg.probe.dir)
         self.probe_reader = ProbeReader(self.probe_dir, UserFilesystems(
             self.probe_dir, cfg.probe.user_max_bytes, cfg.probe.user_max_files))
+        self.oom_reader = OomReader(self.probe_dir)
+        self._oom_notes: set[str] = set()
+        self._own_probes = False  # the backend makes its own (simulation): no records
         if cfg.probe.enabled and not cfg.simulate and os.geteuid() == 0:
             # Root's; each user's directory in it is made when their process is on a GPU.
             with contextlib.suppress(OSError):
@@ -94,6 +99,7 @@ class Daemon:
     # -- the tick ---------------------------------------------------------------------
     async def _probes(self, now: float, gpus: list[GpuSample]) -> list[ProbeSample]:
         own = self.backend.probes(now)
+        self._own_probes = own is not None
         if own is not None:
             return own
         if not self.config.probe.enabled:
@@ -105,6 +111,23 @@ class Daemon:
         st = self.sources.setdefault("probes", SourceStatus())
         st.up, st.last_success, st.reason = True, now, "; ".join(problems[:3])
         return samples
+
+    async def _ooms(self, now: float, gpus: list[GpuSample],
+                    probes: list[ProbeSample]) -> list[OomSample]:
+        """The OOM records probes left since the last tick, adopted into the snapshot
+        directory (off the loop: copies from directories users write)."""
+        if not self.config.probe.enabled or not (probes or self.oom_reader.watching):
+            return []
+        rem = self.config.remediation
+        problems: list[str] = []
+        ooms = await asyncio.to_thread(
+            self.oom_reader.read, now, gpus, probes, snapshot_dir=snapshot_dir(rem),
+            max_total_bytes=rem.snapshot.max_total_bytes, problems=problems)
+        for note in problems:
+            if note not in self._oom_notes and len(self._oom_notes) < 100:
+                self._oom_notes.add(note)
+                log.warning("OOM records: %s", note)
+        return ooms
 
     def _take_engines(self, now: float) -> list[EngineSample]:
         engines, self._pending_engines = self._pending_engines, []
@@ -120,16 +143,17 @@ class Daemon:
             await self.attribution.update(gpus, now)
             self._extras["gpu_owners"] = self.attribution.gpu_owners
         probes = await self._probes(now, gpus)
-        tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
+        ooms = [] if self._own_probes else await self._ooms(now, gpus, probes)
+        tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes,
+                    ooms=ooms)
         events = self._process(tick)
         if self.remediator is not None:
             self._log_actions(await self.remediator.on_events(events, self.snapshot))
         return tick
 
     def _log_actions(self, actions: list[ActionEvent]) -> None:
-        for action in actions:
+        for action in actions:  # logged once, by the ledger that decided it
             self.recent.append(action)
-            log.info("%s", logfmt.human_line(action))  # the JSON form goes to the events log
             self._log_event(action)
 
     def _process(self, tick: Tick) -> list[Event]:
@@ -152,8 +176,7 @@ class Daemon:
         sig.errors_total = self.pipeline.errors
         for ev in events:
             self.recent.append(ev)
-            log.log(logging.WARNING if ev.state == "firing" else logging.INFO, "%s",
-                    logfmt.human_line(ev))
+            log.log(logfmt.level(ev), "%s", logfmt.human_line(ev, with_time=False))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
         self.tick_health.ok()
@@ -418,7 +441,7 @@ class Daemon:
             await runner.close()
             await self.remediator.close()
             self._close_outputs()
-            return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
+            return exitcodes.for_bind_error(exc)
         # "serving on" comes in the startup summary, after the first tick names the GPUs.
         if self.web is not None and self.web.users and tls is None:
             log.warning("basic auth without tls_server_config: passwords cross the network "

@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests import helpers
+from tests.realservers import build
+
+_TOOLS: list[str] = []
+
+
+def pytest_configure(config):
+    """Prometheus, promtool, Alertmanager and amtool: Debian's, on PATH for every test and
+    child (fetched once into the cache where they are not installed)."""
+    try:
+        where = build.tool_dir()
+    except (build.Unavailable, RuntimeError, OSError) as exc:
+        _TOOLS.append(f"prometheus tools: not available ({exc})")
+        return
+    if where:
+        os.environ["PATH"] = where + os.pathsep + os.environ.get("PATH", "")
+    _TOOLS.append(f"prometheus tools: {where or 'installed (PATH)'}")
+
+
+def pytest_report_header(config):
+    return _TOOLS
 
 
 def _factory(request, tmp_path, cls):

@@ -31,7 +31,8 @@ _encoder = msgspec.json.Encoder()
 
 PREFIX = "gpuwatch-"
 HOST = "host"  # whole-GPU snapshots, and processes whose user could not be read
-_OWNER = re.compile(r"-(uid\d{1,10}|host)(?:-\d{1,3})?-(?:nvml\.json|allocator\.pickle)$")
+_OWNER = re.compile(r"-(uid\d{1,10}|host)(?:-\d{1,3})?-(?:nvml\.json|allocator\.pickle|oom\.json|"
+                    r"oom-history\.pickle)$")
 
 
 def prepare_dir(path: str | os.PathLike) -> Path:
@@ -139,6 +140,38 @@ def enforce_cap(directory: Path, max_total_bytes: int, keep: set[Path] = frozens
         mine -= size if o is not None else 0
         deleted.append(name)
     return deleted
+
+
+def adopt(copies: list[tuple[str, Any]], target: Target, t: float, *, directory: str,
+          max_total_bytes: int, owner: str | None = None
+          ) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """Bring files a probe wrote (an OOM record and its history pickle) into the snapshot
+    directory, named and capped as snapshots are. copies: (suffix, copy) pairs, where
+    copy(dest) copies one file into the new file dest with the probe channel's checks
+    (gpuwatch.probe_channel.requests.copy_named). Blocking. Returns (suffix -> path of what
+    was adopted, names deleted for the cap, suffix -> why a file was not adopted). owner:
+    whose files they are (`uid<uid>`; default: the target process's user), whose older
+    files alone make room for them."""
+    d = prepare_dir(directory)
+    owner = owner or owner_of(target.pid, target.create_time)
+    stem = file_stem(t, target, owner)
+    adopted: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for suffix, copy in copies:
+        for n in range(1000):  # two records of one process stamped the same microsecond
+            dest = d / (f"{stem}-{n}-{suffix}" if n else f"{stem}-{suffix}")
+            try:
+                copy(str(dest))
+            except FileExistsError:
+                continue
+            except (OSError, ValueError) as exc:
+                failed[suffix] = str(exc)[:300]
+            else:
+                adopted[suffix] = str(dest)
+            break
+    deleted = enforce_cap(d, max_total_bytes, keep={Path(p) for p in adopted.values()},
+                          owner=owner)
+    return adopted, deleted, failed
 
 
 async def take(snap: Any, target: Target, event: dict[str, Any], *, directory: str,

@@ -6,8 +6,8 @@ and per judged process against the threshold zones, the leak detector's retained
 fitted trend, events and planned actions, and the engines' KV cache and queue. Series are
 decimated into bounded min/max envelopes, so any recording length renders in bounded memory.
 
-The package has one module per section of the page (findings, actions, gpus, engines,
-events), `collect` for what is kept of the replay, `page` for the whole.
+The package has one module per section of the page (findings, ooms, actions, gpus,
+engines, events), `collect` for what is kept of the replay, `page` for the whole.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def build(recording: str, cfg, *, actions: bool = True, max_points: int = 500,
     collector: Collector | None = None
     for tick, pipeline, events in steps:
         if collector is None:
-            collector = Collector(tick.t, max_points)
+            collector = Collector(tick.t, max_points, header.interval_s)
         collector.step(tick, pipeline, events)
     if collector is None:
         raise ValueError(f"{recording}: the recording has no samples")
