@@ -6,6 +6,8 @@ import hashlib
 
 import msgspec
 
+from gpuwatch.safetext import encode_json
+
 SIGNALS = (
     "memory_leak",
     "memory_zone",
@@ -101,4 +103,4 @@ def as_dict(ev: Event | ActionEvent) -> dict:
 
 
 def to_json(ev: Event | ActionEvent) -> str:
-    return _encoder.encode(as_dict(ev)).decode()
+    return encode_json(_encoder, as_dict(ev)).decode()

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpuwatch.events import ActionEvent, Event
+from gpuwatch.safetext import printable
 
 MIB = 1 << 20
 
@@ -83,7 +84,8 @@ def target(ev: Event) -> str:
 
 def human_line(ev: Event | ActionEvent, with_time: bool = True) -> str:
     """One line: time, severity, signal and state, target, value against threshold, message
-    (without the time in the daemon's log, whose lines carry their own)."""
+    (without the time in the daemon's log, whose lines carry their own); control characters
+    (of a process name, an engine's text) escaped."""
     ident = getattr(ev, "id", None)
     ref = getattr(ev, "ref", None)
     tag = "".join(f" [{k} {v}]" for k, v in (("id", ident), ("ref", ref)) if v)
@@ -91,7 +93,7 @@ def human_line(ev: Event | ActionEvent, with_time: bool = True) -> str:
         why = f": {ev.reason}" if ev.reason else ""
         via = f" (from {ev.trigger})" if ev.trigger else ""
         line = f"action {ev.action} {ev.target} -> {ev.result}{via}{why}{tag}"
-        return f"{iso(ev.t)} {line}" if with_time else line
+        return printable(f"{iso(ev.t)} {line}" if with_time else line)
     head = f"{ev.severity.upper()} {ev.signal} {ev.state}"
     parts = [f"{iso(ev.t)} {head}" if with_time else head, target(ev)]
     against = _against(ev)
@@ -99,7 +101,7 @@ def human_line(ev: Event | ActionEvent, with_time: bool = True) -> str:
         parts.append(against)
     if ev.message:
         parts.append(ev.message)
-    return " | ".join(parts) + tag
+    return printable(" | ".join(parts) + tag)
 
 
 def url_host(host: str) -> str:

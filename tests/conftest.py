@@ -59,6 +59,28 @@ def daemon(request, tmp_path):
 
 
 @pytest.fixture
+def procs():
+    """Processes of other uids for the local-user attack tests (tests/hostile_users.py),
+    killed at the end."""
+    from tests.hostile_users import Procs
+
+    p = Procs()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def probe_dir():
+    """A probe directory every user may reach, for daemons run as root by the local-user
+    attack tests: what the daemon mounts in it is unmounted at the end."""
+    from tests.hostile_users import remove_shared, shared_dir
+
+    d = shared_dir()
+    yield f"{d}/probe"
+    remove_shared(d)
+
+
+@pytest.fixture
 def prometheus(request, tmp_path):
     """start(targets, scrape_interval="1s", rule_files=(), alertmanager_url=None)."""
     yield from _factory(request, tmp_path, helpers.Prometheus)

@@ -115,11 +115,13 @@ class Proc:
 
 class Daemon(Proc):
     def __init__(self, workdir: Path, *args: str, config_toml: str | None = None,
-                 env: dict | None = None, wait_ready: bool = True, preexec=None) -> None:
+                 env: dict | None = None, wait_ready: bool = True, preexec=None,
+                 module: str = "gpuwatch") -> None:
+        """module: what `python -m` runs (tests.fake_nvml_daemon: over a fake GPU)."""
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.address}"
-        argv = [sys.executable, "-m", "gpuwatch", "run", "--listen", self.address]
+        argv = [sys.executable, "-m", module, "run", "--listen", self.address]
         if config_toml is not None:
             cfg = workdir / f"gpuwatch-{self.port}.toml"
             cfg.write_text(config_toml)

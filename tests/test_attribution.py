@@ -184,7 +184,7 @@ def test_cli_resolves_the_real_world_samples(tmp_path):
     for doc, (source, _, expected) in zip(lines, SAMPLES, strict=True):
         assert set(doc) == {"pid", "namespace", "pod", "pod_uid", "container", "container_id",
                             "qos", "slurm_job_id", "slurm_job_user", "systemd_unit",
-                            "pod_labels", "source"}
+                            "pod_labels", "source", "slurm_job_id_self_reported"}
         for field in ("pod_uid", "container_id", "qos", "slurm_job_id", "systemd_unit"):
             if field in expected:
                 assert doc[field] == expected[field], f"{source}: {field}"
@@ -208,7 +208,9 @@ def test_cli_joins_the_cgroup_with_a_real_kubelet(tmp_path, kubelet):
     assert docs[104]["source"] == "cgroup+podresources"
 
 
-def test_cli_slurm_job_from_the_environment_and_nothing_else(tmp_path):
+def test_cli_shows_the_self_reported_slurm_job_for_what_it_is_and_nothing_else(tmp_path):
+    """SLURM_JOB_ID is whatever the process set: shown apart, never the job id that labels
+    and routes."""
     secret = b"HF_TOKEN=hf_verysecret"
     root = fake_proc(tmp_path / "proc", {
         201: ("0::/user.slice/user-1000.slice/session-3.scope\n",
@@ -220,9 +222,12 @@ def test_cli_slurm_job_from_the_environment_and_nothing_else(tmp_path):
     res = _cli("--proc-root", str(root), "--podresources-socket", "", "201", "202", "203")
     assert res.returncode == 0, res.stderr
     docs = {d["pid"]: d for d in map(json.loads, res.stdout.splitlines())}
-    assert docs[201]["slurm_job_id"] == "5512" and docs[201]["source"] == "cgroup+environ"
+    assert docs[201]["slurm_job_id"] is None and docs[201]["slurm_job_user"] is None
+    assert docs[201]["slurm_job_id_self_reported"] == "5512"
+    assert docs[201]["source"] == "cgroup+environ-self-reported"
     assert docs[202]["slurm_job_id"] == "77" and docs[202]["source"] == "cgroup"
-    assert docs[203]["slurm_job_id"] is None
+    assert docs[202]["slurm_job_id_self_reported"] is None
+    assert docs[203]["slurm_job_id"] is docs[203]["slurm_job_id_self_reported"] is None
     assert "verysecret" not in res.stdout + res.stderr
 
 
@@ -302,8 +307,9 @@ def test_source_fails_soft_and_says_why(tmp_path):
 
 
 def test_on_a_slurm_node_every_process_names_its_job(tmp_path):
-    """cgroup v1 and v2 job paths, the SLURM_JOB_ID fallback, and dcgm-exporter's job-mapping
-    files: every process series carries slurm_job_id."""
+    """cgroup v1 and v2 job paths and dcgm-exporter's job-mapping files: every process series
+    they place carries slurm_job_id; SLURM_JOB_ID from a process's environment labels
+    nothing."""
     from gpuwatch.exporter.families import process as process_family
     from gpuwatch.exporter.snapshot import Snapshot
     from gpuwatch.model import Tick
@@ -329,12 +335,13 @@ def test_on_a_slurm_node_every_process_names_its_job(tmp_path):
     src.close()
     jobs = {(g.index, p.pid): p.slurm_job_id for g in gpus for p in g.processes}
     # 404 is on GPU 3 (one job) and GPU 4 (no file): the one job
-    assert jobs == {(0, 401): "4242", (1, 402): "77", (2, 403): "5512", (3, 404): "job-2026-01",
+    assert jobs == {(0, 401): "4242", (1, 402): "77", (2, 403): "", (3, 404): "job-2026-01",
                     (4, 404): "job-2026-01"}
+    assert src.cache[(403, 1.0)].slurm_job_id_self_reported == "5512"
     assert src.cache[(401, 1.0)].slurm_job_user == "root"  # uid_0 in the path
     fams = {m.name: m for m in process_family.collect(Snapshot(tick=Tick(t=1.0, gpus=gpus)))}
     samples = fams["gpuwatch_process_info"].samples
-    assert len(samples) == 5 and all(s.labels["slurm_job_id"] for s in samples)
+    assert [s.labels["slurm_job_id"] != "" for s in samples].count(True) == 4
 
 
 # -- events and recordings -------------------------------------------------------------------
@@ -431,7 +438,7 @@ def test_grpc_is_loaded_only_when_the_kubelet_socket_exists(tmp_path):
 
 
 def test_a_real_process_on_the_real_proc(tmp_path):
-    """The host's own /proc: a child started with SLURM_JOB_ID names its job (as root)."""
+    """The host's own /proc: a child started with SLURM_JOB_ID claims its job (as root)."""
     if os.geteuid() != 0:
         pytest.skip("reading another process's environment needs root")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
@@ -439,7 +446,8 @@ def test_a_real_process_on_the_real_proc(tmp_path):
     try:
         res = resolve(ProcHost("/proc", ""), {child.pid: set(), os.getpid(): set()})
         att = res.attributions[child.pid]
-        assert att.slurm_job_id == "777001" and "environ" in att.source
+        assert att.slurm_job_id is None and att.slurm_job_id_self_reported == "777001"
+        assert att.source == "environ-self-reported"
         assert "k3y" not in repr(res)
     finally:
         child.kill()

@@ -10,6 +10,9 @@ from gpuwatch import __version__
 from gpuwatch.events import as_dict
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.redact import config_for_display, scrub_json
+from gpuwatch.safetext import encode_json
+
+_encoder = msgspec.json.Encoder()
 
 
 def state_document(snap: Snapshot) -> dict[str, Any]:
@@ -41,7 +44,7 @@ def state_document(snap: Snapshot) -> dict[str, Any]:
         ),
         "config": config_for_display(snap.config) if snap.config is not None else None,
     }
-    return msgspec.json.decode(scrub_json(msgspec.json.encode(doc)))
+    return msgspec.json.decode(scrub_json(encode_json(_encoder, doc)))
 
 
 def _sample(snap: Snapshot) -> dict[str, Any] | None:
