@@ -222,6 +222,11 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
                       "")
     leak_keep = p.leak_keep_firing_for
     q = p.queue_latency_quantile
+    # the daemon's own projection of the GPU's retained memory (time to OOM 0: past the
+    # budget and still growing); its time_to_oom event names the processes growing most
+    tto_text = (f"The memory {ident} keeps is growing: it reaches its memory budget in "
+                f"{ttoom} (0s: already past it); the daemon's time_to_oom event names the "
+                "processes growing most.")
 
     exporter = [
         Alert("GpuwatchExporterDown", f"up{{{j}}} == 0", "critical",
@@ -288,13 +293,11 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
         Alert("GpuwatchGpuTimeToOom",
               f"gpuwatch_gpu_time_to_oom_severity{{{j}}} >= 1", "warning",
               f"A GPU will run out of memory within {_span(p.time_to_oom_warning_seconds)}.",
-              f"At its current leak rate {ident} reaches its memory budget in {ttoom}.",
-              "1m", leak_keep),
+              f"{tto_text}", "1m", leak_keep),
         Alert("GpuwatchGpuTimeToOom",
               f"gpuwatch_gpu_time_to_oom_severity{{{j}}} == 2", "critical",
               f"A GPU will run out of memory within {_span(p.time_to_oom_critical_seconds)}.",
-              f"At its current leak rate {ident} reaches its memory budget in {ttoom}.",
-              "0m", leak_keep),
+              f"{tto_text}", "0m", leak_keep),
         Alert("GpuwatchAllocatorFragmentation",
               f"gpuwatch_process_allocator_fragmentation_ratio{{{j}}} > "
               f"{_num(p.fragmentation_ratio)}", "warning",
