@@ -409,6 +409,54 @@ def ticks(case: Case):
             memory_used_bytes=int(min(used, total)), processes=procs)])
 
 
+def run_deriv(case: Case, window: float, crit_window: float = 120.0,
+              hold: float = 0.0) -> list[tuple[int, float, str, str, str]]:
+    """What a hand-written PromQL rule does: deriv() (least squares over the raw samples)
+    of each process's memory (the GPU's used memory without per-process figures) over
+    `window` at 12 MiB/min, over `crit_window` at 50 MiB/s, less the same 10 % tolerance,
+    held `hold` seconds (`for:`); events as run() gives them."""
+    from benchmarks.leak_detection import TOLERANCE, OlsWindow
+
+    warn, crit = 12 * MIB / 60 * (1 - TOLERANCE), CRIT * (1 - TOLERANCE)
+    state: dict[int, list] = {}
+    out = []
+    for tick in ticks(case):
+        t = tick.t - T0
+        g = tick.gpus[0]
+        series = [(p.pid, p.used_memory_bytes) for p in g.processes
+                  if p.used_memory_bytes is not None] if case.attributed else [
+            (GPU_ONLY, g.memory_used_bytes)]
+        for pid in [p for p in state if p not in {s for s, _ in series}]:
+            if state[pid][3]:
+                out.append((pid, t, "memory_leak", "resolved", state[pid][3]))
+            del state[pid]
+        for pid, v in series:
+            w, c, since, sev = state.setdefault(pid, [OlsWindow(window), OlsWindow(crit_window),
+                                                      None, None])
+            sw, sc = w.add(tick.t, v), c.add(tick.t, v)
+            now = ("critical" if sc is not None and sc >= crit else
+                   "warning" if sw is not None and sw >= warn else None)
+            if now is None:
+                since = None
+            elif since is None:
+                since = t
+            fire = now if now is not None and t - since >= hold else None
+            if fire != sev:
+                if sev is not None:
+                    out.append((pid, t, "memory_leak", "resolved", sev))
+                if fire is not None:
+                    out.append((pid, t, "memory_leak", "firing", fire))
+            state[pid][2:] = [since, fire]
+    return out
+
+
+DETECTORS = {
+    "gpuwatch": lambda case: run(case),
+    "deriv 10m": lambda case: run_deriv(case, 600.0),
+    "deriv 24m for 5m": lambda case: run_deriv(case, 1440.0, hold=300.0),
+}
+
+
 def run(case: Case) -> list[tuple[int, float, str, str, str]]:
     """(pid, seconds into the trace, signal, state, severity) of leak and time-to-OOM events;
     pid GPU_ONLY for the GPU's own series."""
@@ -546,6 +594,44 @@ def host_table(rows: list[dict], out=sys.stdout) -> None:
               f"own series, {tto} time-to-OOM episodes\n")
 
 
+def summary_table(results: list[dict], out=sys.stdout) -> None:
+    """The docs' table: per rate, the worst latency over onsets, noises and seeds, in the
+    process's first minute and after it, against the target; false episodes per host-day."""
+    dets = [r["detector"] for r in results]
+    out.write("| rate | target (onset ≥ 2 min) | " + " | ".join(dets) + " | target (first minute)"
+              " | " + " | ".join(dets) + " |\n|---|---|" + "---|" * len(dets) + "---|"
+              + "---|" * len(dets) + "\n")
+    rates = sorted({r["rate_mib_s"] for r in results[0]["leaks"] if r["kind"] == "ramp"})
+    for rate in rates:
+        cells = [_rate(rate)]
+        for early in (False, True):
+            goal = None
+            for res in results:
+                runs = [r for r in res["leaks"] if r["kind"] == "ramp" and r["rate_mib_s"] == rate
+                        and (r["onset"] < 60) == early and r["noise"] in ("none", "churn",
+                                                                          "neighbours", "ratchet")]
+                goal = max(r["goal_s"] for r in runs)
+                lat = [r["latency_s"] for r in runs]
+                missed = sum(1 for r in runs if not r["met"])
+                cells_r = "missed" if None in lat and all(x is None for x in lat) else (
+                    f"{fmt(max(x for x in lat if x is not None))}"
+                    + (f" ({missed}/{len(runs)} over target)" if missed else ""))
+                if res is results[0]:
+                    cells.append(fmt(goal))
+                cells.append(cells_r)
+        out.write("| " + " | ".join(cells) + " |\n")
+    out.write("\n| false episodes per host-day (no-leak hosts) | " + " | ".join(dets)
+              + " |\n|---|" + "---|" * len(dets) + "\n")
+    for what, key in (("per-process series", "false_process_episodes"),
+                      ("the GPU's own series", "false_gpu_episodes"),
+                      ("time to OOM", "time_to_oom_episodes")):
+        cells = []
+        for res in results:
+            hours = sum(h["hours"] for h in res["hosts"]) or math.nan
+            cells.append(f"{sum(h.get(key, 0) for h in res['hosts']) / hours * 24:.2f}")
+        out.write(f"| {what} | " + " | ".join(cells) + " |\n")
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
@@ -560,7 +646,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", help="raw results")
     ap.add_argument("--md", help="tables")
     ap.add_argument("--verbose", action="store_true", help="each case's events")
+    ap.add_argument("--detector", choices=list(DETECTORS), default="gpuwatch")
+    ap.add_argument("--summary", action="append", metavar="JSON",
+                    help="print the docs' table from these raw results (one per detector)")
     args = ap.parse_args(argv)
+    if args.summary:
+        summary_table([json.load(open(p)) for p in args.summary])  # noqa: SIM115
+        return
+    detect = DETECTORS[args.detector]
     only = set(args.only or ["leaks", "steps", "stops", "hosts"])
     started = time.perf_counter()
     rows, hosts = [], []
@@ -575,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
         if "stops" in only:
             cases += stop_cases(seed)
         for case in cases:
-            events = run(case)
+            events = detect(case)
             r = score(case, events)
             r["seed"] = seed
             rows.append(r)
@@ -588,7 +681,7 @@ def main(argv: list[str] | None = None) -> None:
         n = math.ceil(args.host_hours / 4)
         for seed in range(n):
             case = host(seed)
-            r = score_host(case, run(case))
+            r = score_host(case, detect(case))
             hosts.append(r)
             if r["false_process_episodes"] or r["false_gpu_episodes"] or args.verbose:
                 print(f"host {seed}: {r['false_process_episodes']} process, "
@@ -596,8 +689,9 @@ def main(argv: list[str] | None = None) -> None:
                       f"{r['events'][:6]}", file=sys.stderr)
     elapsed = time.perf_counter() - started
     out = open(args.md, "w") if args.md else sys.stdout  # noqa: SIM115
-    out.write(f"# {platform.python_implementation()} {platform.python_version()}, "
-              f"{platform.machine()}; {args.seeds} seeds; {elapsed:.0f} s\n")
+    out.write(f"# {args.detector}; {platform.python_implementation()} "
+              f"{platform.python_version()}, {platform.machine()}; {args.seeds} seeds; "
+              f"{elapsed:.0f} s\n")
     if rows:
         met = sum(r["met"] for r in rows)
         false = sum(r["false_episodes"] for r in rows)
@@ -612,7 +706,8 @@ def main(argv: list[str] | None = None) -> None:
         out.close()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"leaks": rows, "hosts": hosts, "seconds": round(elapsed)}, f, indent=1)
+            json.dump({"detector": args.detector, "leaks": rows, "hosts": hosts,
+                       "seconds": round(elapsed)}, f, indent=1)
 
 
 if __name__ == "__main__":

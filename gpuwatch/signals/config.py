@@ -63,7 +63,7 @@ class LifecycleConfig(Section, kw_only=True):
 
 
 def _default_scales() -> list[float]:
-    return [60.0, 120.0, 180.0, 300.0, 600.0, 1440.0]
+    return [60.0, 120.0, 150.0, 300.0, 600.0, 1440.0]
 
 
 class LeakConfig(Section, kw_only=True):
@@ -101,15 +101,23 @@ class LeakConfig(Section, kw_only=True):
     min_rise_bytes: NonNegFloat = 96 * 2**20
     noise_factor: NonNegFloat = 2.0
     # Growth still in loading (no pause yet, past loading_max_seconds) is judged only on
-    # scales this long or longer, its slowest part at least loading_part_ratio of its
-    # fastest, and its pace at least loading_steady_ratio of the pace before it.
-    loading_min_scale_seconds: PositiveFloat = 180.0
+    # scales this long or longer, once it rose by loading_min_rise_bytes over the scale,
+    # its slowest part at least loading_part_ratio of its fastest, and its pace at least
+    # loading_steady_ratio of the pace of all of its growth before it since its load (at
+    # least half the scale, or loading_lookback_seconds when longer): a warm-up that levels
+    # off slowly is slower than it was; a scale does not judge before that much history.
+    loading_min_scale_seconds: PositiveFloat = 150.0
+    loading_min_rise_bytes: NonNegFloat = 256 * 2**20
+    loading_lookback_seconds: NonNegFloat = 0.0
     loading_part_ratio: Ratio = 0.5
     loading_steady_ratio: Ratio = 0.7
     # A scale's leak shape must hold this share of the scale (at most confirm_seconds)
-    # before it fires: a transient lifts the floor briefly.
+    # before it fires; half of it from long_confirm_from_seconds: rises that a window only
+    # passes over (transients one after the other) hold less than half of it, a leak holds.
     confirm_share: Ratio = 0.25
-    confirm_seconds: NonNegFloat = 240.0
+    long_confirm_share: Ratio = 0.5
+    long_confirm_from_seconds: PositiveFloat = 150.0
+    confirm_seconds: NonNegFloat = 300.0
     # Exit level and minimum hold: a warning falls back once the retained memory rose less
     # than resolve_ratio x its slope over its exit window (the scale it fired on, at least
     # exit_window_seconds) for resolve_seconds; a critical once the raw lower envelope rose

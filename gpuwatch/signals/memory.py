@@ -57,6 +57,7 @@ class _Gpu:
     horizon: HorizonState = field(default_factory=HorizonState)
     escalated: bool = False
     projection: GpuProjection | None = None
+    last_value: float | None = None  # the GPU's own series' last sample
 
 
 def _ttoom(headroom: float | None, rate: float | None) -> float | None:
@@ -361,13 +362,22 @@ class MemoryAnalyzer:
         value = used - sum(held) if attributed else used  # type: ignore[arg-type]
         signature = (attributed, *sorted((p.pid, p.create_time or 0.0) for p in gpu.processes))
         state = self._gpus.get(gpu.uuid)
-        if state is None or state.signature != signature:
+        # Several processes that the driver gives no figure for: a sum of allocators.
+        params = self.sum_params if not attributed and len(held) > 1 else self.params
+        if (state is not None and state.signature != signature and not attributed
+                and state.signature and not state.signature[0]
+                and state.series.p is params and state.last_value is not None):
+            # All of used, and processes came or went: the same sum goes on; what those
+            # that left held is gone from its history, and those that came are loading.
+            old, new = set(state.signature[1:]), set(signature[1:])
+            gone = value - state.last_value if old - new else 0.0
+            state.series.members_changed(t, min(gone, 0.0), bool(new - old))
+            state.signature = signature
+        elif state is None or state.signature != signature:
             # A process came, went or restarted: the GPU's baseline starts again, as old
             # as its youngest process (a daemon restart finds old processes steady).
             starts = [p.create_time for p in gpu.processes]
             started = t if state is not None or not starts or None in starts else max(starts)
-            # Several processes that the driver gives no figure for: a sum of allocators.
-            params = self.sum_params if not attributed and len(held) > 1 else self.params
             series = LeakSeries(params, min(started, t))  # type: ignore[type-var]
             if state is None:
                 state = self._gpus[gpu.uuid] = _Gpu(signature, series, t)
@@ -375,6 +385,7 @@ class MemoryAnalyzer:
                 state.signature, state.series = signature, series
                 state.escalated = False
         state.last_seen = t
+        state.last_value = float(value)
         if not attributed and pools:  # all of used: the engines' pools are in it
             if any(e.quiet for e in pools):
                 return state  # an engine asleep or waking: hold

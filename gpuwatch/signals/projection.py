@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from gpuwatch.signals.config import LeakConfig
 from gpuwatch.signals.leak.scales import Evidence, Scales
+from gpuwatch.signals.leak.series import confirm_time
 
 UNATTRIBUTED = -1  # the member for memory no process accounts for
 
@@ -162,7 +163,7 @@ class GpuProjection:
                     self._since.pop(key, None)
                     continue
                 since = self._since.setdefault(key, t)
-                if t - since < min(c.confirm_share * e.scale, c.confirm_seconds):
+                if t - since < confirm_time(c, e.scale):
                     continue
                 if best is None or e.rate > best[0].rate:
                     best = (e, with_loading)

@@ -10,7 +10,8 @@ floor), needs one block, so the floor follows a leak with no lag.
 
 A return is a block whose value comes back within the series' tolerance (six times the
 lower quartile of the gap between a block's two lowest samples, about three times the
-floor's own jitter; at least `tol_bytes`) of an earlier block, with every block in
+floor's own jitter; at least `tol_bytes`; at least half the drop that brought it back: the
+troughs of a sawtooth rise as memory grows under it) of an earlier block, with every block in
 between above that; the return period is the longest return seen over the last
 `memory_seconds`, with a margin of a fifth (returns are measured to the block and within the
 tolerance, which cuts a sawtooth's ramp short). A fall to a level below everything in the
@@ -49,6 +50,9 @@ class RetainedFloor:
         self._returns = SlidingMax(memory_s)
         self._changes: deque[float] = deque(maxlen=32)
         self.tol = tol_bytes
+        # the first block the floor window may reach back to: not into the load (a window
+        # longer than the time since the load would show the load leaving it as a rise)
+        self.origin: int | None = None
 
     # -- feeding -----------------------------------------------------------------------------
 
@@ -94,11 +98,16 @@ class RetainedFloor:
             self._recompute()
         else:
             lows = self.lows
-            n = min(window, len(lows))
+            n = min(window, len(lows), k - self.origin + 1 if self.origin is not None else window)
             self.points.append(min(lows[i] for i in range(len(lows) - n, len(lows))))
 
     def _track_return(self, k: int, m: float, t_end: float) -> None:
         st, tol = self._stack, self.tol
+        if self.lows:
+            # a drop comes back to the level it left within half of its own height: the
+            # troughs of a sawtooth rise as memory grows under it (warm-up, a slow leak),
+            # its period does not change
+            tol = max(tol, 0.5 * (self.lows[-1] - m))
         while st and k - st[0][0] > self.max_blocks:
             st.popleft()
         above = False
@@ -114,9 +123,13 @@ class RetainedFloor:
     def _recompute(self) -> None:
         """The retained series under the current floor window, from the block values."""
         lows, n = list(self.lows), self.window
+        first = (self.k_last or 0) - len(lows) + 1  # block index of lows[0]
+        start = (self.origin - first) if self.origin is not None else 0
         q: deque[int] = deque()  # indices of a sliding minimum
         out = []
         for i, v in enumerate(lows):
+            if i == start:
+                q.clear()  # the window starts again at the origin
             while q and lows[q[-1]] >= v:
                 q.pop()
             q.append(i)
@@ -125,6 +138,20 @@ class RetainedFloor:
             out.append(lows[q[0]])
         self.points.clear()
         self.points.extend(out[-self.keep:])
+
+    def shift(self, delta: float) -> None:
+        """Move the whole history by delta (memory a departed member held is gone from the
+        series it was summed into: as if it had never been there)."""
+        a, b = self._lo
+        self._lo = (a + delta, b + delta)
+        for q in (self.lows, self.points):
+            q.extend([v + delta for v in (q.popleft() for _ in range(len(q)))])
+        self._stack = deque((k, v + delta) for k, v in self._stack)
+
+    def set_origin(self, t: float) -> None:
+        """From the block after t on, the floor window does not reach back before it."""
+        if self.origin is None:
+            self.origin = math.floor(t / self.block_s) + 1
 
     # -- reading -----------------------------------------------------------------------------
 

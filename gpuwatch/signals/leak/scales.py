@@ -14,9 +14,8 @@ At each block's close every scale S looks at the retained memory over its last S
   step, or two transients one after the other, do not;
 - does not level off: its second half rose at least `levelling_ratio` of its first;
 - keeps its pace: the window rose at least `steady_ratio` of the pace of what came before
-  it (the lower quartile of its rises per block over half the scale, or `lookback_seconds`
-  when longer, not back beyond the end of loading; a load's large steps are not a pace):
-  warm-up that levels off, a ratchet whose steps grow ever rarer, do not.
+  it (over half the scale, or `lookback_seconds` when longer, not back beyond the end of
+  loading): warm-up that levels off, a ratchet whose steps grow ever rarer, do not.
 
 A fast leak is then found on the short scales within a minute or two, a slow one on the
 long scales in tens of minutes, by the same tests. `rising` (the first test alone) is what
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from gpuwatch.signals.leak.floor import RetainedFloor
+from gpuwatch.signals.leak.robust import theil_sen
 
 
 @dataclass(frozen=True)
@@ -115,17 +115,13 @@ class Scales:
         q = self._falls[i]
         return q[0][1] if q else 0.0
 
-    def update(self, warn_on: float, since_block: int | None = None,
-               min_scale: float = 0.0, min_ratio: float = 0.0, part_ratio: float = 0.0,
+    def update(self, warn_on: float, since_block: int | None = None, judge: bool = True,
                min_history: int = 0) -> list[Evidence]:
         """Evidence per scale at the block just closed. since_block: how many blocks back the
-        growth being judged may be compared with (the end of loading); min_scale: scales
-        shorter than this judge nothing (still measured); min_ratio: the window's pace must
-        be at least this share of the pace before it (instead of steady_ratio, when higher);
-        part_ratio: the slowest part must have risen at least this share of the fastest (a
-        steady pace, as loading is not); min_history: blocks a scale must have seen beyond
-        its own window before it judges (a series first seen already running has a return
-        period yet unknown)."""
+        growth judged may be compared with (the end of loading; None: all of it); judge:
+        False measures only (rising, rates) and judges no shape; min_history: blocks a scale
+        must have seen beyond its own window before it judges (a series first seen already
+        running has a return period yet unknown)."""
         f = self.floor
         if f.window != self._window:
             self._window = f.window
@@ -144,21 +140,50 @@ class Scales:
             rise = now - then
             noise = self.noise(i)
             rising = rise >= max(self.min_rise, self.noise_factor * noise)
-            judged = scale >= min_scale and len(f) > max(n, min_history)
+            judged = judge and len(f) > max(n, min_history)
             k = self.scale_parts[i]
             shaped = (judged and rising and rise >= warn_on * scale
-                      and self._shaped(n, k, rise, since_block, min_ratio, part_ratio))
+                      and self._shaped(n, k, rise, since_block))
             if judged and not shaped and f.window > 1:
                 # a floor window of several blocks lags: growth far beyond anything the
                 # series ever gave back is judged on the block values themselves
-                brk = self._breakout(n, k, scale, warn_on, part_ratio)
+                brk = self._breakout(n, k, scale, warn_on)
                 if brk is not None:
                     rise, shaped, rising = brk, True, True
             out.append(Evidence(scale, rise / scale, rise, noise, rising, shaped))
         return out
 
-    def _breakout(self, n: int, parts: int, scale: float, warn_on: float,
-                  part_ratio: float) -> float | None:
+    def loading(self, warn_on: float, min_rise: float, min_span_s: float, part_ratio: float,
+                steady_ratio: float) -> Evidence | None:
+        """Growth that has not paused since the series started, judged as a whole from the
+        end of its load (its few large steps, or its steep climb; a leak from the first
+        second has none): it is leak-shaped when it rose by min_rise and the warning slope,
+        beyond its noise, through all of its quarters (the slowest at least part_ratio of the
+        fastest), its second half at steady_ratio of its first's pace at least (robust
+        slopes): a warm-up that levels off, however slowly, is slower in its second half."""
+        f = self.floor
+        n = self._since_steep(0)
+        b = f.block_s
+        if n * b < min_span_s or n < 2 * self.parts:
+            return None
+        rise = f.at(0) - f.at(n)  # type: ignore[operator]
+        scale = n * b
+        i = max((i for i, s in enumerate(self.scales) if s <= scale), default=0)
+        noise = self.noise(i)
+        rising = rise >= max(self.min_rise, self.noise_factor * noise)
+        shaped = False
+        if rising and rise >= max(warn_on * scale, min_rise):
+            marks = [f.at(n - round(j * n / self.parts)) for j in range(self.parts + 1)]
+            half = n // 2
+            step = 1 + n // 64
+            first = theil_sen((-j, f.at(j)) for j in range(n, half - 1, -step))
+            second = theil_sen((-j, f.at(j)) for j in range(half, -1, -step))
+            shaped = (self._steps_ok(marks, rise, part_ratio) and first is not None
+                      and second is not None and first > 0
+                      and second >= steady_ratio * first)
+        return Evidence(scale, rise / scale, rise, noise, rising, shaped)
+
+    def _breakout(self, n: int, parts: int, scale: float, warn_on: float) -> float | None:
         """The rise of the block values' part minima over the scale, when it is more than
         noise_factor x the series' largest give-back and shaped like a leak."""
         lows = self.floor.lows
@@ -173,12 +198,11 @@ class Scales:
         span = scale * (parts - 1) / parts
         if rise < max(warn_on * span, self.min_rise, self.noise_factor * self.give_back):
             return None
-        if not self._steps_ok(mins, rise, part_ratio):
+        if not self._steps_ok(mins, rise):
             return None
         return rise * parts / (parts - 1)  # over the whole scale, at that pace
 
-    def _shaped(self, n: int, parts: int, rise: float, since: int | None,
-                min_ratio: float, part_ratio: float) -> bool:
+    def _shaped(self, n: int, parts: int, rise: float, since: int | None) -> bool:
         f = self.floor
         # parts no shorter than the floor window: within it the floor moves as troughs come
         # and go (a staircase under a sawtooth), not only as memory is kept
@@ -188,7 +212,7 @@ class Scales:
         # in quarters, or in thirds (a leak kept in steps a third of the scale apart)
         for k in (parts, parts - 1) if parts >= 4 else (parts,):
             marks = [f.at(n - round(j * n / k)) for j in range(k + 1)]
-            if self._steps_ok(marks, rise, part_ratio):
+            if self._steps_ok(marks, rise):
                 break
         else:
             return False
@@ -198,20 +222,36 @@ class Scales:
         first, second = mid - marks[0], marks[-1] - mid  # type: ignore[operator]
         if second < self.levelling_ratio * first:
             return False
-        # and it keeps the pace of what came before it: back to the end of loading
-        # (since), or, still loading, as far as the look-back reaches
+        # and it keeps the pace of what came before it, back to the end of loading
         reach = len(f) if since is None else since
         before_n = min(max(half, self.lookback), reach - n, len(f) - 1 - n)
         if before_n < half:  # too little before it to tell a pace from a step
             return True
-        # its pace: the lower quartile of the rises per block (a load's large steps, a few
-        # or most of them, do not count; a steady climb's do)
-        rises = sorted(f.at(n + j) - f.at(n + j + 1)  # type: ignore[operator]
-                       for j in range(before_n))
-        before = rises[len(rises) // 4]
-        return rise / n >= max(self.steady_ratio, min_ratio) * before
+        # robust slopes (a staircase under a sawtooth moves in steps, not in a line), on at
+        # most 32 points each
+        recent = theil_sen((-j, f.at(j)) for j in range(n, -1, -(1 + n // 32)))
+        before = theil_sen((-j, f.at(j))
+                           for j in range(n + before_n, n - 1, -(1 + before_n // 32)))
+        return recent is not None and before is not None and (
+            recent >= self.steady_ratio * before)
 
-    def _steps_ok(self, marks, rise: float, part_ratio: float) -> bool:
+    def _since_steep(self, n: int) -> int:
+        """Blocks back to the end of the series' load: the most recent block before the
+        window that rose by a quarter of the largest rise of a block, where that largest
+        rise is four times the median one (a load is a few large steps, or a steep climb).
+        A leak from the first second has no load: all of its history."""
+        f = self.floor
+        rises = [f.at(j) - f.at(j + 1) for j in range(n, len(f) - 1)]  # type: ignore[operator]
+        if not rises:
+            return n
+        top = max(rises)
+        if top <= 0 or top < 4 * sorted(rises)[len(rises) // 2]:
+            return len(f) - 1
+        # rises[j] is the rise into the block n + j blocks back: the newest steep one
+        last = next(j for j, r in enumerate(rises) if r >= 0.25 * top)
+        return n + last
+
+    def _steps_ok(self, marks, rise: float, part_ratio: float = 0.0) -> bool:
         """Every step between marks rose its share, none carries most of the rise (fewer
         parts may carry more each: max_part_share of four), the slowest at least part_ratio
         of the fastest."""

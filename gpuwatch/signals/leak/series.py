@@ -40,6 +40,12 @@ class LeakParams:
         return self.critical * (1 - self.cfg.tolerance)
 
 
+def confirm_time(cfg: LeakConfig, scale: float) -> float:
+    """How long a scale's leak shape must hold before it fires."""
+    share = cfg.long_confirm_share if scale >= cfg.long_confirm_from_seconds else cfg.confirm_share
+    return min(share * scale, cfg.confirm_seconds)
+
+
 def retained_floor(cfg: LeakConfig) -> RetainedFloor:
     return RetainedFloor(cfg.block_seconds, cfg.block_seconds, cfg.max_floor_window_seconds,
                          cfg.return_memory_seconds, 2 * max(cfg.scales_seconds),
@@ -97,6 +103,22 @@ class LeakSeries:
     def rebase(self) -> None:
         """The series changed meaning (another source): keep the phase, drop baselines."""
         self._reset()
+
+    def members_changed(self, t: float, shift: float, appeared: bool) -> None:
+        """A sum of processes (the GPU's used memory, without per-process figures) lost or
+        gained members: what departed members held (shift, negative) leaves its whole
+        history, and a member that came is loading: the sum is loading again. The floor's
+        knowledge (return period, noise) and the verdict stay."""
+        c = self.p.cfg
+        if shift:
+            self.floor.shift(shift)
+            self._env_hist = deque((tt, v + shift) for tt, v in self._env_hist)
+            self._env = RollingMin(c.critical_window_seconds / 2)
+            self.fast = FastWindow(c.critical_window_seconds)
+            self.early = FastWindow(c.early_window_seconds)
+        if appeared:
+            self.life = Lifecycle(c.lifecycle, t)
+            self.early = FastWindow(c.early_window_seconds)
 
     # -- what the analyzer reads ---------------------------------------------------------------
 
@@ -181,33 +203,43 @@ class LeakSeries:
         """A block closed: the phase, the scales' evidence, and what it fires."""
         p, c, life = self.p, self.p.cfg, self.life
         life.block(t, self.floor)
+        if life.t_loaded is not None:
+            self.floor.set_origin(life.t_loaded)
         loading = life.phase == LOADING
         since = (None if life.t_paused is None
                  else max(0, round((t - life.t_paused) / c.block_seconds)))
         # a series first seen already running is watched for a longest floor window before
         # it is judged on its trend: its return period is not known before
         self.evidence = ev = self.scales.update(
-            p.warn_on, since, c.loading_min_scale_seconds if loading else 0.0,
-            c.loading_steady_ratio if loading else 0.0,
-            c.loading_part_ratio if loading else 0.0,
-            self.floor.max_blocks if self._seen_old else 0)
+            p.warn_on, since, judge=not loading,
+            min_history=self.floor.max_blocks if self._seen_old else 0)
+        if loading:  # growth that never paused: judged as a whole, once it may be no load
+            whole = self.scales.loading(p.warn_on, c.loading_min_rise_bytes,
+                                        c.loading_min_scale_seconds, c.loading_part_ratio,
+                                        c.loading_steady_ratio)
+            if whole is not None:
+                ev = [*ev, whole]
         self.rising = any(e.rising for e in ev)
         judging = life.judging(t)
         best: Evidence | None = None
         spent = self.verdict.ended_at
         for e in ev:
-            held = self._since.get(e.scale)
+            # the growth judged as a whole has one key: its span grows with every block
+            key = math.inf if loading and e is ev[-1] and e not in self.evidence else e.scale
+            held = self._since.get(key)
             if not (e.shaped and judging and t - e.scale >= spent):
                 # one block's break does not restart it (where a leak's steps fall against
                 # the parts' bounds comes and goes); two do
                 if held is not None and not held[1] and judging:
-                    self._since[e.scale] = (held[0], True)
+                    self._since[key] = (held[0], True)
                 else:
-                    self._since.pop(e.scale, None)
+                    self._since.pop(key, None)
                 continue
             since_t = t if held is None else held[0]
-            self._since[e.scale] = (since_t, False)
-            confirmed = t - since_t >= min(c.confirm_share * e.scale, c.confirm_seconds)
+            self._since[key] = (since_t, False)
+            confirm = (c.confirm_share * c.loading_min_scale_seconds if key == math.inf
+                       else confirm_time(c, e.scale))
+            confirmed = t - since_t >= confirm
             if confirmed and (best is None or e.rate > best.rate):
                 best = e
         if best is None:
