@@ -162,7 +162,7 @@ class Scales:
         fastest), its second half at steady_ratio of its first's pace at least (robust
         slopes): a warm-up that levels off, however slowly, is slower in its second half."""
         f = self.floor
-        n = self._since_steep(0)
+        n = self._since_steep(0) - 1  # the block after the load's last step may hold its tail
         b = f.block_s
         if n * b < min_span_s or n < 2 * self.parts:
             return None
@@ -237,18 +237,22 @@ class Scales:
 
     def _since_steep(self, n: int) -> int:
         """Blocks back to the end of the series' load: the most recent block before the
-        window that rose by a quarter of the largest rise of a block, where that largest
+        window that rose by half the largest rise of a block, where that largest
         rise is four times the median one (a load is a few large steps, or a steep climb).
         A leak from the first second has no load: all of its history."""
         f = self.floor
-        rises = [f.at(j) - f.at(j + 1) for j in range(n, len(f) - 1)]  # type: ignore[operator]
+
+        def low(j: int) -> float:  # with the two blocks after it: a lone block lifted by churn
+            return min(f.at(i) for i in range(max(0, j - 2), j + 1))  # type: ignore[type-var]
+
+        rises = [low(j) - low(j + 1) for j in range(n, len(f) - 1)]
         if not rises:
             return n
         top = max(rises)
         if top <= 0 or top < 4 * sorted(rises)[len(rises) // 2]:
             return len(f) - 1
         # rises[j] is the rise into the block n + j blocks back: the newest steep one
-        last = next(j for j, r in enumerate(rises) if r >= 0.25 * top)
+        last = next(j for j, r in enumerate(rises) if r >= 0.5 * top)
         return n + last
 
     def _steps_ok(self, marks, rise: float, part_ratio: float = 0.0) -> bool:
