@@ -202,8 +202,10 @@ def _gpu_row(g: dict, s: dict, procsig: dict) -> GpuRow:
     leak = ""
     if _num(s.get("leak_rate_bytes_per_second")):
         leak = f"GPU leak {fmt.rate(s['leak_rate_bytes_per_second'])}"
-        if _num(s.get("time_to_oom_seconds")):
-            leak += f", OOM in {fmt.duration(s['time_to_oom_seconds'])}"
+        if _num(s.get("headroom_bytes")) and s["headroom_bytes"] < 0:
+            leak += f", {fmt.time_to_oom(None, s['headroom_bytes'])}"
+        elif _num(s.get("time_to_oom_seconds")):
+            leak += f", OOM in {fmt.time_to_oom(s['time_to_oom_seconds'])}"
     row = GpuRow(str(g.get("index", "?")), str(g.get("name") or fmt.DASH),
                  s.get("zone") if _num(s.get("zone")) else None,
                  g.get("memory_used_bytes"), g.get("memory_total_bytes"),
@@ -220,7 +222,8 @@ def _gpu_row(g: dict, s: dict, procsig: dict) -> GpuRow:
             str(p.get("pid", "?")), _who(p),
             fmt.size(p.get("used_memory_bytes")),
             f"leak {fmt.rate(rate)}" if _num(rate) else "",
-            f"OOM in {fmt.duration(ttoom)}" if _num(ttoom) else "", _host(p)]))
+            (("OOM in " if ttoom else "") + fmt.time_to_oom(ttoom)) if _num(ttoom) else "",
+            _host(p)]))
     procs.sort(key=lambda x: (not x[0], -x[1]))
     shown = [p for p in procs if p[0]] + [p for p in procs if not p[0]][:TOP_PROCESSES]
     row.processes = [cells for _, _, cells in shown[:max(TOP_PROCESSES, len(shown))]]
