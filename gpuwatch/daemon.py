@@ -19,8 +19,6 @@ import ssl
 import time
 from typing import Any
 
-from aiohttp import web
-
 from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
 from gpuwatch import config as config_mod
 from gpuwatch.attribution.source import make_source as make_attribution
@@ -30,12 +28,17 @@ from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
+from gpuwatch.exporter.server import Server
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
-from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
+from gpuwatch.model import EngineSample, GpuSample, OomSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
+from gpuwatch.ratelog import RateLimitedLog
 from gpuwatch.recording import Recorder
+from gpuwatch.remediation.paths import snapshot_dir
 from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
+from gpuwatch.sources.oom_records import OomReader
+from gpuwatch.sources.probe_fs import UserFilesystems
 from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
 from gpuwatch.thresholds import ThresholdsError
@@ -80,9 +83,18 @@ class Daemon:
         self._reload_again = False
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
+        # Failures that could repeat every tick: counted, shown in /readyz and the metrics,
+        # logged once a minute at most.
+        self.tick_health = RateLimitedLog(log, "tick")
+        self._record_errors = RateLimitedLog(log, "recording a tick")
+        self._render_errors = RateLimitedLog(log, "rendering /metrics")
         self.remediator = None
         self.probe_dir = resolve_dir(cfg.probe.dir)
-        self.probe_reader = ProbeReader(self.probe_dir)
+        self.probe_reader = ProbeReader(self.probe_dir, UserFilesystems(
+            self.probe_dir, cfg.probe.user_max_bytes, cfg.probe.user_max_files))
+        self.oom_reader = OomReader(self.probe_dir)
+        self._oom_notes: set[str] = set()
+        self._own_probes = False  # the backend makes its own (simulation): no records
         if cfg.probe.enabled and not cfg.simulate and os.geteuid() == 0:
             # Root's; each user's directory in it is made when their process is on a GPU.
             with contextlib.suppress(OSError):
@@ -91,6 +103,7 @@ class Daemon:
     # -- the tick ---------------------------------------------------------------------
     async def _probes(self, now: float, gpus: list[GpuSample]) -> list[ProbeSample]:
         own = self.backend.probes(now)
+        self._own_probes = own is not None
         if own is not None:
             return own
         if not self.config.probe.enabled:
@@ -103,6 +116,23 @@ class Daemon:
         st.up, st.last_success, st.reason = True, now, "; ".join(problems[:3])
         return samples
 
+    async def _ooms(self, now: float, gpus: list[GpuSample],
+                    probes: list[ProbeSample]) -> list[OomSample]:
+        """The OOM records probes left since the last tick, adopted into the snapshot
+        directory (off the loop: copies from directories users write)."""
+        if not self.config.probe.enabled or not (probes or self.oom_reader.watching):
+            return []
+        rem = self.config.remediation
+        problems: list[str] = []
+        ooms = await asyncio.to_thread(
+            self.oom_reader.read, now, gpus, probes, snapshot_dir=snapshot_dir(rem),
+            max_total_bytes=rem.snapshot.max_total_bytes, problems=problems)
+        for note in problems:
+            if note not in self._oom_notes and len(self._oom_notes) < 100:
+                self._oom_notes.add(note)
+                log.warning("OOM records: %s", note)
+        return ooms
+
     def _take_engines(self, now: float) -> list[EngineSample]:
         sim = getattr(self.backend, "engines", None)
         return sim(now) if sim is not None else []
@@ -114,7 +144,9 @@ class Daemon:
             await self.attribution.update(gpus, now)
             self._extras["gpu_owners"] = self.attribution.gpu_owners
         probes = await self._probes(now, gpus)
-        tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
+        ooms = [] if self._own_probes else await self._ooms(now, gpus, probes)
+        tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes,
+                    ooms=ooms)
         await self.run_tick(tick)
         return tick
 
@@ -128,18 +160,20 @@ class Daemon:
                 self._log_actions(await self.remediator.on_events(events, self.snapshot))
 
     def _log_actions(self, actions: list[ActionEvent]) -> None:
-        for action in actions:
+        for action in actions:  # logged once, by the ledger that decided it
             self.recent.append(action)
-            log.info("%s", logfmt.human_line(action))  # the JSON form goes to the events log
             self._log_event(action)
 
     def _process(self, tick: Tick) -> list[Event]:
         if self._recorder is not None:
             try:
                 self._recorder.write(tick)
+                self._record_errors.ok()
             except OSError as exc:
                 log.error("recording stopped: %s", exc)
                 self._recorder = None
+            except Exception as exc:  # this tick's line is lost, not the tick
+                self._record_errors.failed(exc)
         t0 = time.perf_counter()
         events = self.pipeline.update(tick)
         if self._events_log is not None:
@@ -150,10 +184,11 @@ class Daemon:
         sig.errors_total = self.pipeline.errors
         for ev in events:
             self.recent.append(ev)
-            log.log(logging.WARNING if ev.state == "firing" else logging.INFO, "%s",
-                    logfmt.human_line(ev))
+            log.log(logfmt.level(ev), "%s", logfmt.human_line(ev, with_time=False))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
+        if not tick.engines_only:  # the host's ticks: an engine scrape says nothing of them
+            self.tick_health.ok()
         self._publish(tick, ready=not tick.engines_only)
         return events
 
@@ -167,8 +202,10 @@ class Daemon:
             self._engine_version += 1
         if self.remediator is not None:
             self._extras["remediation"] = self.remediator.counters()
+        self._extras["ticks"] = self.tick_health.state()
         if tick is not None and tick.engines_only:
             tick = Tick(t=tick.t, gpus=self.snapshot.tick.gpus, probes=self.snapshot.tick.probes,
+                        ooms=self.snapshot.tick.ooms,
                         engines=tick.engines) if self.snapshot.tick else tick
         self.snapshot = Snapshot(
             version=self._version,
@@ -188,8 +225,9 @@ class Daemon:
         if self.renderer.due(self.config.nvml.fast_interval_seconds):
             try:
                 self.renderer.render_ahead(self.snapshot)
-            except Exception:
-                log.exception("rendering /metrics failed")
+                self._render_errors.ok()
+            except Exception as exc:
+                self._render_errors.failed(exc)
 
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -198,8 +236,9 @@ class Daemon:
         while not self._stop.is_set():
             try:
                 await self.tick_once()
-            except Exception:
-                log.exception("tick failed")
+            except Exception as exc:  # shown in /readyz and gpuwatch_tick_failures_total
+                self.tick_health.failed(exc)
+                self._publish(self.snapshot.tick, ready=False)
             if first:  # the summary names the GPUs the first tick found
                 first = False
                 for line in self.summary():
@@ -413,18 +452,15 @@ class Daemon:
             tls = self.guard.context
         app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
                        guard=self.guard)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True,
-                           ssl_context=tls)
+        runner = Server(app)
         try:
-            await site.start()
+            await runner.start(host, port, ssl=tls)
         except OSError as exc:
             log.error("cannot listen on %s: %s", self.config.listen, exc.strerror or exc)
-            await runner.cleanup()
+            await runner.close()
             await self.remediator.close()
             self._close_outputs()
-            return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
+            return exitcodes.for_bind_error(exc)
         # "serving on" comes in the startup summary, after the first tick names the GPUs.
         if self.web is not None and self.web.users and tls is None:
             log.warning("basic auth without tls_server_config: passwords cross the network "
@@ -447,7 +483,7 @@ class Daemon:
                 if t is not None:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
-            await runner.cleanup()
+            await runner.close()
             await self.remediator.close()
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()

@@ -6,6 +6,8 @@ import hashlib
 
 import msgspec
 
+from gpuwatch.safetext import encode_json
+
 SIGNALS = (
     "memory_leak",
     "memory_zone",
@@ -15,7 +17,26 @@ SIGNALS = (
     "queue_latency",
     "engine_down",
     "gpu_lost",
+    "process_oom",
 )
+
+
+class OomInfo(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
+    """What a process_oom event says of the OOM (value: the request, threshold: the free
+    memory), and of the event that predicted it (the event's ref)."""
+
+    request_bytes: int | None = None
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    fragmentation_ratio: float | None = None
+    cause: str = ""  # full | fragmentation | limit
+    outcome: str = ""  # raised | caught | recovered | unknown
+    exited: bool = False
+    record: str = ""  # the record in the snapshot directory
+    history: str = ""  # its allocation-history pickle (pytorch.org/memory_viz)
+    predicted_by: str = ""  # memory_leak | time_to_oom (the ref), "" when nothing did
+    lead_seconds: float | None = None  # how long before the OOM that event fired
+    warned_by: str = ""  # memory_zone, when only the zone preceded it
 
 
 class Event(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
@@ -41,6 +62,8 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
     pod: str | None = None
     container: str | None = None
     slurm_job_id: str | None = None
+    # process_oom only
+    oom: OomInfo | None = None
 
     @property
     def key(self) -> tuple:
@@ -69,5 +92,15 @@ class ActionEvent(msgspec.Struct, omit_defaults=True, kw_only=True):
 _encoder = msgspec.json.Encoder()
 
 
+def as_dict(ev: Event | ActionEvent) -> dict:
+    """Plain data, unknown fields omitted, but every event with its severity (DESIGN.md: a
+    warning is the default, which omit_defaults would leave out)."""
+    d = msgspec.to_builtins(ev)
+    if isinstance(ev, Event) and "severity" not in d:
+        d = {k: d[k] if k != "severity" else ev.severity for k in ev.__struct_fields__
+             if k in d or k == "severity"}
+    return d
+
+
 def to_json(ev: Event | ActionEvent) -> str:
-    return _encoder.encode(ev).decode()
+    return encode_json(_encoder, as_dict(ev)).decode()

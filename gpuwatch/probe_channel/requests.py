@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import stat
 import time
@@ -124,33 +125,84 @@ def copy_out(probe_dir: str, pid: int, request_id: str, dest: str, max_bytes: in
     name = protocol.snapshot_name(pid, request_id)
     dir_fd, uid = _open_probe_dir(probe_dir, pid)
     try:
-        src, st = protocol.open_regular(dir_fd, name, max_bytes)
-        try:
-            if st.st_uid != uid:
-                raise ValueError(f"{name}: owned by uid {st.st_uid}, not {uid}")
-            if st.st_nlink != 1:
-                raise ValueError(f"{name}: {st.st_nlink} links (a link to another file?)")
-            return _copy(src, dest, max_bytes)
-        finally:
-            os.close(src)
+        return copy_named(dir_fd, uid, name, dest, max_bytes)
     finally:
         protocol.unlink_quietly(dir_fd, name)  # a name in the probe's own directory only
         os.close(dir_fd)
 
 
+def open_user_dir(probe_dir: str, uid: int) -> int:
+    """A descriptor on `<probe dir>/<uid>/`, which must be uid's (no symlink followed)."""
+    fd = protocol.open_dir(os.path.join(probe_dir, str(uid)))
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner != uid:
+            raise ValueError(f"{probe_dir}/{uid}: owned by uid {owner}, not {uid}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def copy_named(dir_fd: int, uid: int, name: str, dest: str, max_bytes: int) -> int:
+    """Copy `name` in a user directory (opened by copy_out, or by open_user_dir for an OOM
+    record, whose process may have exited) into dest, a new owner-only file of ours: a
+    regular file with one link, owned by uid, within max_bytes. The caller removes the
+    probe's file."""
+    src, st = protocol.open_regular(dir_fd, name, max_bytes)
+    try:
+        if st.st_uid != uid:
+            raise ValueError(f"{name}: owned by uid {st.st_uid}, not {uid}")
+        if st.st_nlink != 1:
+            raise ValueError(f"{name}: {st.st_nlink} links (a link to another file?)")
+        return _copy(src, dest, max_bytes)
+    finally:
+        os.close(src)
+
+
+def _extents(fd: int, max_bytes: int):
+    """(start, end) of each run of data in the file, holes skipped (SEEK_DATA/SEEK_HOLE): a
+    sparse file of the user's costs root only the bytes it holds. Where the filesystem
+    cannot tell, the whole file is one run."""
+    pos = 0
+    while True:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data past pos
+                return
+            if pos == 0 and exc.errno == errno.EINVAL:  # no SEEK_DATA here
+                yield 0, max_bytes + 1
+                return
+            raise
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, end
+        pos = end
+
+
 def _copy(src: int, dest: str, max_bytes: int) -> int:
+    """Copy the data of src into the new file dest, holes left holes; the bytes written."""
     out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                   0o600)
-    copied = 0
+    copied = length = 0
     try:
         os.fchmod(out, 0o600)  # whatever the umask
-        while chunk := os.read(src, 1 << 20):
-            copied += len(chunk)
-            if copied > max_bytes:
-                raise ValueError(f"snapshot grew past {max_bytes} bytes while copied")
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(out, view):]
+        for start, end in _extents(src, max_bytes):
+            pos = start
+            while pos < end and (chunk := os.pread(src, min(1 << 20, end - pos), pos)):
+                pos += len(chunk)
+                if pos > max_bytes:
+                    raise ValueError(f"snapshot grew past {max_bytes} bytes while copied")
+                view, at = memoryview(chunk), pos - len(chunk)
+                while view:
+                    n = os.pwrite(out, view, at)
+                    view, at = view[n:], at + n
+                copied += len(chunk)
+            length = max(length, pos)
+        length = max(length, os.fstat(src).st_size)
+        if length > max_bytes:
+            raise ValueError(f"snapshot grew past {max_bytes} bytes while copied")
+        os.ftruncate(out, length)  # a hole at the end stays one
         os.fsync(out)
     except BaseException:
         os.close(out)

@@ -14,6 +14,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
+from gpuwatch.safetext import printable_tree
 from gpuwatch.views import fmt
 from gpuwatch.views import serving as serving_view
 
@@ -84,7 +85,8 @@ class GpuRow:
     power: str
     leak: str
     health: list[str]
-    processes: list[list[str]] = field(default_factory=list)  # pid, name, mem, rate, ttoom
+    # pid, name, mem, rate, ttoom, host CPU and RSS
+    processes: list[list[str]] = field(default_factory=list)
     more: int = 0
     leaking: set[str] = field(default_factory=set)
 
@@ -113,6 +115,7 @@ def _num(v) -> bool:
 
 
 def summarize(state: dict, url: str) -> Summary:
+    state = printable_tree(state)  # names, reasons, messages: nothing drives the terminal
     signals = _d(state.get("signals"))
     table = _d(signals.get("threshold_table"))
     gpus = [g for g in _l(_d(state.get("sample")).get("gpus")) if isinstance(g, dict)]
@@ -173,6 +176,14 @@ def _who(p: dict) -> str:
     return str(p.get("name") or fmt.DASH) + (f" ({pod})" if p.get("pod") else "")
 
 
+def _host(p: dict) -> str:
+    """The process's host side, as nvitop shows it: CPU (share of a core) and RSS."""
+    parts = [f"CPU {100 * p['cpu_ratio']:.0f} %" if _num(p.get("cpu_ratio")) else "",
+             f"RSS {fmt.size(p['resident_memory_bytes'])}"
+             if _num(p.get("resident_memory_bytes")) else ""]
+    return " ".join(x for x in parts if x)
+
+
 def _int(v) -> str:
     return f"{v:.0f}" if _num(v) else fmt.DASH
 
@@ -195,8 +206,10 @@ def _gpu_row(g: dict, s: dict, procsig: dict) -> GpuRow:
     leak = ""
     if _num(s.get("leak_rate_bytes_per_second")):
         leak = f"GPU leak {fmt.rate(s['leak_rate_bytes_per_second'])}"
-        if _num(s.get("time_to_oom_seconds")):
-            leak += f", OOM in {fmt.duration(s['time_to_oom_seconds'])}"
+        if _num(s.get("headroom_bytes")) and s["headroom_bytes"] < 0:
+            leak += f", {fmt.time_to_oom(None, s['headroom_bytes'])}"
+        elif _num(s.get("time_to_oom_seconds")):
+            leak += f", OOM in {fmt.time_to_oom(s['time_to_oom_seconds'])}"
     row = GpuRow(str(g.get("index", "?")), str(g.get("name") or fmt.DASH),
                  s.get("zone") if _num(s.get("zone")) else None,
                  g.get("memory_used_bytes"), g.get("memory_total_bytes"),
@@ -213,7 +226,8 @@ def _gpu_row(g: dict, s: dict, procsig: dict) -> GpuRow:
             str(p.get("pid", "?")), _who(p),
             fmt.size(p.get("used_memory_bytes")),
             f"leak {fmt.rate(rate)}" if _num(rate) else "",
-            f"OOM in {fmt.duration(ttoom)}" if _num(ttoom) else ""]))
+            (("OOM in " if ttoom else "") + fmt.time_to_oom(ttoom)) if _num(ttoom) else "",
+            _host(p)]))
     procs.sort(key=lambda x: (not x[0], -x[1]))
     shown = [p for p in procs if p[0]] + [p for p in procs if not p[0]][:TOP_PROCESSES]
     row.processes = [cells for _, _, cells in shown[:max(TOP_PROCESSES, len(shown))]]
@@ -275,7 +289,7 @@ def render_plain(s: Summary) -> str:
             out.append("       " + " · ".join(extra))
         for cells in r.processes:
             out.append(f"       pid {cells[0]:>7} {cells[1][:40]:<22} {cells[2]:>10}  "
-                       f"{cells[3]:<20} {cells[4]}".rstrip())
+                       f"{cells[5]:<20} {cells[3]:<20} {cells[4]}".rstrip())
         if r.more:
             out.append(f"       … {r.more} more processes")
     out.append("")
@@ -290,6 +304,13 @@ def render_plain(s: Summary) -> str:
     out.append("ACTIONS" if s.actions else "ACTIONS  none")
     out += [f"  {text}" for _, text in s.actions]
     return "\n".join(out) + "\n"
+
+
+def redraw(text: str, first: bool) -> str:
+    """A frame that replaces the previous one in place: the cursor home, each line cleared
+    to its end, the rest of the screen cleared (the first frame clears it all)."""
+    body = "\x1b[K\n".join(text.rstrip("\n").split("\n"))
+    return ("\x1b[2J" if first else "") + "\x1b[H" + body + "\x1b[K\n\x1b[J"
 
 
 def render_rich(s: Summary, console) -> None:
@@ -319,7 +340,8 @@ def render_rich(s: Summary, console) -> None:
             leaking = cells[0] in r.leaking
             t.add_row("", Text(f"pid {cells[0]} {cells[1]}",
                                style="bold red" if leaking else ""),
-                      Text(f"{cells[3]} {cells[4]}".strip(), style="bold red"), cells[2])
+                      Text(f"{cells[3]} {cells[4]}".strip(), style="bold red"),
+                      f"{cells[2]} {cells[5]}".strip())
         if r.more:
             t.add_row("", Text(f"… {r.more} more processes", style="dim"))
     console.print(t)

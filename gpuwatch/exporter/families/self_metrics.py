@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from gpuwatch import __version__
+from gpuwatch.exporter.metric import CounterMetricFamily, GaugeMetricFamily, Metric
 from gpuwatch.exporter.snapshot import Snapshot
 
 
@@ -41,6 +40,12 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     yield duration
     yield errors
     yield last
+    ticks = snap.extras.get("ticks")
+    if ticks is not None:
+        yield CounterMetricFamily(
+            "gpuwatch_tick_failures",
+            "Ticks (sample, analysis, outputs) that failed; /readyz answers 503 while the "
+            "latest one did.", value=ticks.get("failures_total", 0))
     if snap.started:
         yield GaugeMetricFamily("gpuwatch_start_time_seconds",
                                 "Daemon start time (Unix seconds).", value=snap.started)
