@@ -189,6 +189,19 @@ def test_a_status_counter_born_in_the_window_counts_from_zero():
     assert derived.engines["v"].request_error_ratios["client"] == pytest.approx(6 / 16)
 
 
+def test_no_refusal_yet_is_an_error_count_of_zero_in_the_metrics():
+    # before its 4xx series exists, gpuwatch's error counter is there at 0: one born at 6
+    # would hide those 6 from Prometheus's rate(); aborts, which vLLM cannot count, are not
+    served = "\n".join(x for x in text("vllm-0.32.0-cpu-real-client.prom").splitlines()
+                       if 'status="4xx"' not in x)
+    derived = run(EngineSample(name="v", exposition=served),
+                  EngineSample(name="v", exposition=served))
+    assert derived.engines["v"].client_requests_total == {"ok": 34.0, "error": 0.0}
+    outcomes = {lab["outcome"]: v for lab, v in
+                exported(derived)["gpuwatch_engine_client_requests_total"]}
+    assert outcomes == {"ok": 34.0, "error": 0.0}
+
+
 def triton(failures: int, ok: int, other_ok: int) -> str:
     rows = []
     for model, succ, fail in (("echo_text", ok, failures), ("scale", other_ok, 0)):

@@ -103,6 +103,12 @@ def update(st, window: Window, r: c.Reading, totals: dict[str, float],
         v = total(n.CLIENT + outcome)
         if v is not None:
             st.client_requests_total[outcome] = v
+    if st.client_requests_total:
+        # an HTTP layer creates its 4xx/5xx series at the first refusal: until then none
+        # were answered, and a series born at 1 in Prometheus would hide that first error
+        # from rate() (aborts are another matter: most engines cannot count them at all)
+        for outcome in ("ok", "error"):
+            st.client_requests_total.setdefault(outcome, 0.0)
 
     bounds_of = {**r.sli_bounds, QUEUE: r.queue_bounds}
     for sli in LATENCIES:
@@ -255,7 +261,7 @@ def _error_ratio(st, window: Window, r: c.Reading, w: float, prefix: str,
     # A counter absent from the window's first snapshot was born since: engines create a
     # status's or reason's series at its first request (vLLM's 4xx), which is in the window.
     base, last = window.snaps[0][1], window.latest
-    done = sum(max(last[k] - base.get(k, 0.0), 0.0) for k in names)
+    done = sum(max(last.get(k, 0.0) - base.get(k, 0.0), 0.0) for k in names)
     bad = sum(max(last.get(prefix + e, 0.0) - base.get(prefix + e, 0.0), 0.0)
               for e in errors)
     if done <= 0:
