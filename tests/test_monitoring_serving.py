@@ -24,8 +24,8 @@ def test_serving_objectives_come_from_the_parameters():
     assert "time_to_first_token_slow:ratio_rate1h{job=\"gpuwatch\"} > 0.0144\n" in text
     assert "request_errors:ratio_rate6h{job=\"gpuwatch\"} > 0.03\n" in text
     assert "requests:rate5m{job=\"gpuwatch\"} * 300 >= 50" in text
-    with pytest.raises(ValueError, match=r"ttft_slo_seconds: 0\.8 s is not a bound"):
-        rules.RuleParams(ttft_slo_seconds=0.8)
+    with pytest.raises(ValueError, match=r"ttft_slo_seconds: 0\.7 s is not a bound"):
+        rules.RuleParams(ttft_slo_seconds=0.7)
     with pytest.raises(ValueError, match="latency_objective"):
         rules.RuleParams(latency_objective=1.0)
     with pytest.raises(ValueError, match="sli_quantile"):
