@@ -482,6 +482,78 @@ def test_triton_with_no_model_loaded_is_up_and_serves_nothing(triton, daemon, pr
     assert prom.query('gpuwatch_engine_up{engine="triton-0"}')[0]["value"][1] == "1"
 
 
+# The queue objective under vLLM's first queue bucket (0.3 s), judged on a single request;
+# latency objectives a CPU build meets, so that only the queue and the errors are in question.
+QUIET = rules.RuleParams(queue_latency_slo_seconds=0.25, queue_min_requests=1,
+                         ttft_slo_seconds=60.0, e2e_slo_seconds=120.0, slo_min_requests=1)
+SILENT = ("GpuwatchQueueLatencyHigh", "GpuwatchTimeToFirstTokenBudgetBurn",
+          "GpuwatchEndToEndLatencyBudgetBurn")
+
+
+def _range(prom, expr: str, start: float, end: float) -> list:
+    """Every evaluation of expr over [start, end], one a second: what a rule would have seen."""
+    return prom.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}",
+                    step="1")["result"]
+
+
+def test_vllm_empty_then_idle_queue_pages_nothing_and_a_tenth_failing_reads_a_tenth(
+        vllm, daemon, prometheus, tmp_path):
+    warm = OpenAIClient(vllm.base, "tiny-llama")
+    warm.ok(max_tokens=2)  # its HTTP counters exist before gpuwatch's first scrape
+    d = daemon(config_toml=TRUTH + f'\n[[engines]]\nname = "vllm-0"\nurl = "{vllm.metrics_url}"'
+               '\ninterval_seconds = 1\n')
+    # the shipped rules with those objectives, every alert's `for` 0 s: an expression that
+    # holds at a single evaluation fires at once, so a run of evaluations is long enough
+    prom = prometheus([d.address], scrape_interval="2s",
+                      rule_files=_rule_files(tmp_path, pending="0s", p=QUIET))
+    st = wait_until(lambda: (e := engine(d, "vllm-0")).get("up") and e, 30, what="vLLM read")
+    before = sum(st["client_requests_total"].values())
+    # no refusal yet, and already an error count of 0: rate() then sees the first one
+    prom.wait_for('gpuwatch_engine_client_requests_total{engine="vllm-0",outcome="error"} == 0')
+    start = time.time()
+    # one request at a time, every tenth refused, over a minute or so: the queue stays empty
+    client = OpenAIClient(vllm.base, "tiny-llama")
+    for k in range(4):
+        truth = client.mix(ok=9, bad=1, abort=0, threads=1, max_tokens=4)
+        if k < 3:
+            time.sleep(10)
+    assert truth.sent == 40 and truth.errors == 4 and truth.error_ratio() == 0.1
+    wait_until(lambda: sum(engine(d, "vllm-0")["client_requests_total"].values())
+               - before >= truth.sent, 30, what="every request counted")
+    st = engine(d, "vllm-0")
+    assert st["request_error_ratios"]["client"] == pytest.approx(0.1)
+    assert st["request_error_ratios"]["engine"] == 0.0  # its engine never saw the refusals
+    ratio = wait_until(lambda: prom.query('gpuwatch_engine_request_error_ratio'
+                                          '{engine="vllm-0",seen_by="client"}'), 30)
+    assert float(ratio[0]["value"][1]) == pytest.approx(0.1)
+    # the shipped recording rule, across replicas: rates of two counters scraped together
+    rule = 'model:gpuwatch_engine_request_errors:ratio_rate5m{model="tiny-llama"}'
+    try:
+        burn = prom.wait_for(rule, 60)
+    except TimeoutError:  # what the rule had to go on
+        raise AssertionError([prom.query("gpuwatch_engine_client_requests_total"),
+                              prom.query("model:gpuwatch_engine_requests:rate5m"),
+                              [r for g in prom.api("rules")["groups"] for r in g["rules"]
+                               if r.get("health") != "ok"]]) from None
+    assert float(burn[0]["value"][1]) == pytest.approx(0.1, abs=0.02)
+    # then nothing, for long enough that the 5-minute request counts still hold the run
+    time.sleep(90)
+    end = time.time()
+    st = engine(d, "vllm-0")
+    assert "0.95" in st["sli_below_resolution"].get("queue", []), st["sli_quantiles_seconds"]
+    assert st["requests_waiting"] == 0 and st["requests_running"] == 0
+    q = 'gpuwatch_engine_queue_latency_window_seconds{engine="vllm-0",quantile="0.95"}'
+    # what would page without the resolution: "p95 0.3 s" over 0.25 s, on enough requests
+    assert _range(prom, f"{q} > 0.25", start, end)
+    assert _range(prom, 'increase(gpuwatch_engine_queue_latency_seconds_count'
+                        '{engine="vllm-0"}[5m]) >= 1', start, end)
+    shipped = next(r["expr"] for g in rules.alerts_document(QUIET)["groups"]
+                   for r in g["rules"] if r.get("alert") == "GpuwatchQueueLatencyHigh")
+    assert not _range(prom, shipped, start, end)
+    assert not _range(prom, f'ALERTS{{alertname=~"{"|".join(SILENT)}"}}', start, end)
+    assert not [e for e in d.state()["recent_events"] if e.get("signal") == "queue_latency"]
+
+
 # -- last: this kills the module's vLLM for good ---------------------------------------------
 
 def test_a_killed_discovered_vllm_pages_through_the_shipped_engine_down_alert(vllm, daemon,
