@@ -14,6 +14,7 @@ from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
 from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.redact import config_for_display
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
+from gpuwatch.signals.budget import BudgetConfig
 from gpuwatch.signals.config import SignalsConfig
 from gpuwatch.tomlfile import explain, read_toml
 
@@ -74,6 +75,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The /proc tree to read processes from (a container may mount the host's elsewhere).
     proc_root: str = "/proc"
     attribution: AttributionConfig = msgspec.field(default_factory=AttributionConfig)
+    # Per-process series only for the processes that matter (signals/budget.py).
+    budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)

@@ -306,6 +306,8 @@ class Daemon:
         if (new.listen, new.web_config) != (old.listen, old.web_config):
             log.warning("listen address and web_config changes need a restart; still serving "
                         "on %s", old.listen)
+        # the budget keeps what it knows (who was judged, who has series) across rebuilds
+        pipeline.budget, pipeline.budget.cfg = self.pipeline.budget, new.budget
         if pipeline is not self.pipeline:
             self.pipeline = pipeline
             log.info("signals rebuilt from the new configuration (windows restart)")

@@ -16,6 +16,8 @@ import statistics
 import time
 
 from gpuwatch.exporter import families
+from gpuwatch.exporter.fold import Folder
+from gpuwatch.exporter.metric import GaugeMetricFamily
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.text import exposition
 
@@ -28,17 +30,29 @@ class SnapshotCollector:
     def __init__(self) -> None:
         self.snapshot = Snapshot()
         self.modules = families.modules()
+        self.folder = Folder()
 
     def collect(self):
         snap = self.snapshot
+        count = 0
         for module in self.modules:
             try:
                 # Materialise first: a family module that raises loses only its own series.
-                metrics = list(module.collect(snap))
+                metrics = list(self.folder.fold(snap, module.collect(snap)))
             except Exception:
                 log.exception("metric family %s failed", module.__name__)
                 continue
-            yield from (m for m in metrics if m.samples)  # no empty HELP/TYPE blocks
+            for m in metrics:
+                if m.samples:  # no empty HELP/TYPE blocks
+                    count += len(m.samples)
+                    yield m
+        folded = Folder.folded_metric(snap)
+        if folded is not None:
+            count += len(folded.samples)
+            yield folded
+        yield GaugeMetricFamily("gpuwatch_exposition_series",
+                                "Series in this exposition, this one included (the series "
+                                "budget per host).", value=count + 1)
 
 
 # Scrapes remembered to estimate the period; a scraper silent for this many periods (and at
