@@ -14,6 +14,8 @@ class RuleParams:
     """Everything a site may want to tune; defaults follow spec/thresholds.md."""
 
     job: str = "gpuwatch"
+    # the external label each edge Prometheus adds, that fleet rules aggregate by
+    cluster_label: str = "cluster"
     runbook_url: str = RUNBOOK_URL
     # spec §2: warning at the table's slope (12 MiB/min sustained), critical at 50 MiB/s
     # (the daemon judges them; the alerts quote them)
@@ -55,6 +57,8 @@ class RuleParams:
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.:/-]+", self.job):
             raise ValueError(f"job: {self.job!r} is not a plain Prometheus job name")
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.cluster_label):
+            raise ValueError(f"cluster_label: {self.cluster_label!r} is not a label name")
         if not re.fullmatch(r"[0-9.]+", self.queue_latency_quantile):
             raise ValueError(f"queue_latency_quantile: {self.queue_latency_quantile!r}")
         if not re.fullmatch(r"[0-9.]+", self.sli_quantile):
@@ -65,6 +69,8 @@ class RuleParams:
 class Recording:
     record: str
     expr: str
+    # the labels an aggregation means to keep (checked where it is declared: fleet rules)
+    keeps: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"record": self.record, "expr": self.expr}

@@ -11,6 +11,7 @@ episode never pages twice.
 
 from __future__ import annotations
 
+from gpuwatch.monitoring.fleet_rules import FLEET_RULES_FILE, fleet_rules_document
 from gpuwatch.monitoring.health_rules import hardware_alerts
 from gpuwatch.monitoring.rule_base import (  # noqa: F401 - RuleParams & co. are used from here
     MIB,
@@ -303,7 +304,8 @@ def alert_names(p: RuleParams | None = None) -> list[str]:
 def render(p: RuleParams, fmt: str = "rules") -> dict[str, str]:
     """File name -> YAML text for one output format."""
     if fmt == "rules":
-        docs = {RULES_FILE: rules_document(p), ALERTS_FILE: alerts_document(p)}
+        docs = {RULES_FILE: rules_document(p), ALERTS_FILE: alerts_document(p),
+                FLEET_RULES_FILE: fleet_rules_document(p)}
     elif fmt == "prometheusrule":
         docs = {PROMETHEUSRULE_FILE: prometheus_rule(p)}
     else:
