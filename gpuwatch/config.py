@@ -58,6 +58,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     record: str = ""
     simulate: str = ""
     seed: int = 0
+    # This host's name where gpuwatch names it (recordings, OTLP's host.name); "" the
+    # system's. A simulated fleet on one machine gives each daemon its own.
+    host_name: str = ""
     # Simulated process name -> a real pid whose identity it takes (remediation tests).
     simulate_pids: dict[str, int] = {}
     events_log: str = ""

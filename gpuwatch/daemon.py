@@ -56,7 +56,7 @@ class Daemon:
         self.guard: webconfig.Guard | None = None
         self.config_path = config_path
         self.overrides = overrides or {}
-        self.host = socket.gethostname()
+        self.host = cfg.host_name or socket.gethostname()
         self.started = time.time()
         self.sources: dict[str, SourceStatus] = {"nvml": SourceStatus()}
         self.backend = make_backend(cfg)
