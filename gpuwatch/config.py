@@ -11,6 +11,7 @@ import msgspec
 
 from gpuwatch.attribution.config import AttributionConfig
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+from gpuwatch.otlp.config import OtlpConfig
 from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.redact import config_for_display
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
@@ -80,6 +81,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     attribution: AttributionConfig = msgspec.field(default_factory=AttributionConfig)
     # Per-process series only for the processes that matter (signals/budget.py).
     budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    # OTLP push (optional, docs/otlp.md): off while otlp.endpoint is empty.
+    otlp: OtlpConfig = msgspec.field(default_factory=OtlpConfig)
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)

@@ -410,7 +410,7 @@ class Daemon:
         except (ValueError, OSError) as exc:
             log.error("remediation: %s", exc)
             return exitcodes.USAGE
-        problem = self._open_outputs()  # a bad path fails before anything is served
+        problem = self._open_outputs() or self._otlp_missing()  # fail before serving
         if problem:
             log.error("%s", problem)
             await self.remediator.close()
@@ -442,6 +442,8 @@ class Daemon:
         try:
             self._start_engines()
             tasks.append(asyncio.create_task(self._tick_loop()))
+            if self.config.otlp.endpoint:
+                tasks.append(asyncio.create_task(self._otlp()))
             slow = self.config.nvml.slow_interval_seconds
             if slow > 0:
                 st = self.sources.setdefault("nvml_slow", SourceStatus())
@@ -461,6 +463,26 @@ class Daemon:
             if self.attribution is not None:
                 self.attribution.close()
         return 0
+
+    def _otlp_missing(self) -> str:
+        if not self.config.otlp.endpoint:
+            return ""
+        try:
+            import gpuwatch.otlp.push  # noqa: F401
+        except ImportError as exc:
+            return (f"otlp.endpoint is set but the OTLP extra is missing ({exc.name}): "
+                    "pip install 'gpuwatch[otlp]'")
+        return ""
+
+    async def _otlp(self) -> None:
+        # imported only here: opentelemetry-proto, protobuf and aiohttp stay out otherwise
+        from gpuwatch.otlp.push import OtlpPusher
+
+        cfg = self.config
+        pusher = OtlpPusher(cfg.otlp, lambda: self.snapshot, self.host,
+                            cfg.attribution.kubernetes_api.node_name)
+        self._extras["otlp"] = pusher.counters
+        await pusher.run()
 
     def _make_remediator(self):
         from gpuwatch.remediation.remediator import Remediator
