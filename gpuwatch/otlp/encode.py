@@ -262,7 +262,7 @@ class Encoder:
         for name, st in sorted(snap.derived.engines.items()):
             base = {"gpuwatch.engine": name, "gen_ai.provider.name": st.kind or "unknown"}
             self._point(out, "gpuwatch.engine.up", "1 while gpuwatch reads the engine's "
-                        "metrics.", "1", "gauge", {**base, "gen_ai.request.model": st.model},
+                        "metrics.", "", "gauge", {**base, "gen_ai.request.model": st.model},
                         1.0 if st.up else 0.0)
             if bounds is None:
                 continue  # no histograms on one layout in this version
