@@ -452,3 +452,18 @@ def test_the_default_run_imports_no_otlp_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_an_endpoint_without_the_extra_stops_the_daemon_saying_what_to_install(tmp_path):
+    """A plain module named opentelemetry hides the installed package, as on a host without
+    the [otlp] extra."""
+    from tests.helpers import REPO, Daemon
+
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "opentelemetry.py").write_text("")
+    d = Daemon(tmp_path, "--simulate", "mixed", wait_ready=False,
+               env={"PYTHONPATH": os.pathsep.join((str(shadow), str(REPO)))},
+               config_toml='[otlp]\nendpoint = "http://127.0.0.1:9/v1/metrics"\n')
+    assert d.proc.wait(60) == 2
+    assert "pip install 'gpuwatch[otlp]'" in d.output()
