@@ -65,12 +65,14 @@ def _match(wanted: dict, candidates_of, taken_before: frozenset = frozenset()) -
 
 def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
          containers: Iterable[ContainerDevices] | None,
-         api_pods: Iterable[PodMeta] | None = None) -> dict[int, Attribution]:
+         api_pods: Iterable[PodMeta] | None = None,
+         pods_source: str = "kubernetes-api") -> dict[int, Attribution]:
     """pid_gpus: the GPU UUIDs each pid uses (empty when unknown); cgroups: what each pid's
     cgroup says; containers: pod-resources' answer (None when it is unavailable); api_pods:
-    the API server's pods of this node (optional: they name UIDs exactly)."""
+    this node's pods from the kubelet or the API server (optional: they name UIDs exactly;
+    pods_source says which)."""
     out = {pid: _from_cgroup(pid, cgroups.get(pid)) for pid in pid_gpus}
-    named = _name_from_api(out, api_pods or ())
+    named = _name_from_api(out, api_pods or (), pods_source)
     if containers is None:
         return out
     containers = list(containers)
@@ -114,7 +116,8 @@ def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
     return out
 
 
-def _name_from_api(out: dict[int, Attribution], pods: Iterable[PodMeta]) -> set[PodKey]:
+def _name_from_api(out: dict[int, Attribution], pods: Iterable[PodMeta],
+                   source: str) -> set[PodKey]:
     by_uid = {p.uid: p for p in pods}
     named: set[PodKey] = set()
     for att in out.values():
@@ -124,7 +127,7 @@ def _name_from_api(out: dict[int, Attribution], pods: Iterable[PodMeta]) -> set[
         att.namespace, att.pod = meta.namespace, meta.name
         att.container = meta.containers.get(att.container_id or "")
         att.pod_labels = dict(meta.labels) or None
-        att.source = add_source(att.source, "kubernetes-api")
+        att.source = add_source(att.source, source)
         named.add((meta.namespace, meta.name))
     return named
 

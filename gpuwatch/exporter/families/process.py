@@ -21,9 +21,17 @@ def process_labels(gpu, proc) -> list[str]:
 
 
 def pod_label_keys(snap: Snapshot) -> list[str]:
-    """The allow-listed pod labels gpuwatch_process_info carries (configuration-defined)."""
-    api = getattr(getattr(snap.config, "attribution", None), "kubernetes_api", None)
-    return list(api.pod_labels) if api is not None and api.enabled else []
+    """The allow-listed pod labels gpuwatch_process_info carries: the configured keys, then
+    those the kubelet source's patterns matched on this tick's processes (at most 16)."""
+    att = getattr(snap.config, "attribution", None)
+    keys: list[str] = []
+    for src in (getattr(att, "kubelet", None), getattr(att, "kubernetes_api", None)):
+        if src is not None and src.enabled:
+            keys += src.pod_labels
+            if getattr(src, "pod_label_allowlist_regex", None) and snap.tick is not None:
+                keys += sorted({k for g in snap.tick.gpus for p in g.processes
+                                for k in p.pod_labels})
+    return list(dict.fromkeys(keys))[:16]
 
 
 def label_name(key: str) -> str:
