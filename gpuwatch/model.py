@@ -68,6 +68,8 @@ class GpuSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     # XID counts since the daemon started, by XID code (as a string key for JSON).
     xid_events_total: dict[str, int] = {}
     last_xid: int | None = None
+    # when each XID code was last seen (wall time of the sample that drained it)
+    xid_last_seen: dict[str, float] = {}
     # slow tier
     energy_joules_total: float | None = None
     pcie_tx_bytes_per_second: float | None = None
