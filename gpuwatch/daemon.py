@@ -64,6 +64,11 @@ class Daemon:
                                   cfg.nvml.retry_max_seconds)
         self.pipeline = Pipeline.from_config(cfg)
         self.attribution = make_attribution(cfg, self.backend, self.sources)
+        self.nvsentinel = None
+        if cfg.nvsentinel.enabled:
+            from gpuwatch.nodehealth.nvsentinel import make_publisher
+
+            self.nvsentinel = make_publisher(cfg, self.sources, self.host)
         self.recent: collections.deque[Event | ActionEvent] = collections.deque(
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
@@ -139,6 +144,8 @@ class Daemon:
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes,
                     ooms=ooms)
         events = self._process(tick)
+        if self.nvsentinel is not None:  # GPU health to NVSentinel (delivered off the loop)
+            self.nvsentinel.update(gpus, self.pipeline.derived.gpus, now)
         if self.remediator is not None:
             self._log_actions(await self.remediator.on_events(events, self.snapshot))
         return tick
@@ -458,6 +465,8 @@ class Daemon:
             self.sampler.close()
             if self.attribution is not None:
                 self.attribution.close()
+            if self.nvsentinel is not None:
+                self.nvsentinel.close()
         return 0
 
     def _make_remediator(self):
