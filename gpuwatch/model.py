@@ -29,6 +29,11 @@ class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     slurm_job_id: str = ""
     # allow-listed pod labels (attribution.kubernetes_api.pod_labels), key -> value
     pod_labels: dict[str, str] = {}
+    # The host's view of it (psutil, refreshed every few seconds): CPU time (user + system),
+    # its share of one core since the previous reading, and resident memory.
+    cpu_seconds_total: float | None = None
+    cpu_ratio: float | None = None
+    resident_memory_bytes: int | None = None
 
 
 class ProcessUtilization(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -54,6 +59,17 @@ class GpuSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
     temperature_celsius: float | None = None
+    # HBM temperature (field NVML_FI_DEV_MEMORY_TEMP); absent on boards without a sensor
+    memory_temperature_celsius: float | None = None
+    memory_temperature_max_celsius: float | None = None  # slow tier: the slowdown threshold
+    # fan 0's intended speed, 0-1; absent where the board has no fans (SXM, passive)
+    fan_speed_ratio: float | None = None
+    performance_state: int | None = None  # P-state: 0 (P0, most performance) to 15
+    # media engines' utilization over NVML's own sampling period, 0-1
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    jpeg_utilization_ratio: float | None = None
+    ofa_utilization_ratio: float | None = None
     power_watts: float | None = None
     power_limit_watts: float | None = None
     sm_clock_hz: float | None = None

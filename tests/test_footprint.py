@@ -60,3 +60,22 @@ def test_default_daemon_imports_nothing_it_does_not_use(tmp_path):
     loaded = {name: why for name, why in NOT_IN_A_DEFAULT_RUN.items()
               if any(m == name or m.startswith(name + ".") for m in modules)}
     assert loaded == {}
+
+
+def test_discovery_reads_listening_sockets_only_for_configured_local_engines(monkeypatch):
+    """psutil.net_connections walks every process's descriptors (tens of ms of CPU on a busy
+    host, every discovery pass): only a configured local engine needs it."""
+    from gpuwatch.engines import discovery as disc
+    from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+    from gpuwatch.sources.engines import EngineSource
+
+    calls = []
+    monkeypatch.setattr(disc, "scan", lambda kinds=(): [])
+    monkeypatch.setattr(disc, "listeners", lambda: calls.append(1) or {8000: 4242})
+    assert EngineSource([], DiscoveryConfig())._scan() == ([], {})
+    remote = EngineConfig(name="r", url="http://10.1.2.3:8000/metrics")
+    assert EngineSource([remote], DiscoveryConfig())._scan() == ([], {})
+    assert calls == []
+    local = EngineConfig(name="l", url="http://127.0.0.1:8000/metrics")
+    assert EngineSource([local], DiscoveryConfig())._scan() == ([], {8000: 4242})
+    assert calls == [1]

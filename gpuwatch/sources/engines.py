@@ -299,7 +299,11 @@ class EngineSource:
             await asyncio.sleep(self.discovery.interval_seconds)
 
     def _scan(self) -> tuple[list[disc.Found], dict[int, int]]:
-        return disc.scan(tuple(self.discovery.kinds)), disc.listeners()
+        found = disc.scan(tuple(self.discovery.kinds))
+        # The listening sockets only tie configured local engines to their pids, and reading
+        # them walks every process's descriptors (tens of ms on a busy host): not otherwise.
+        ports = disc.listeners() if any(is_local(e.url) for e in self.engines) else {}
+        return found, ports
 
     def apply_discovery(
         self, found: list[disc.Found], sink: Sink, ports: dict[int, int] | None = None

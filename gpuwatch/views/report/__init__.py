@@ -34,7 +34,7 @@ def build(recording: str, cfg, *, actions: bool = True, max_points: int = 500,
     collector: Collector | None = None
     for tick, pipeline, events in steps:
         if collector is None:
-            collector = Collector(tick.t, max_points)
+            collector = Collector(tick.t, max_points, header.interval_s)
         collector.step(tick, pipeline, events)
     if collector is None:
         raise ValueError(f"{recording}: the recording has no samples")

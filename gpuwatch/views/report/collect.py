@@ -14,6 +14,11 @@ from gpuwatch.signals.memory import MemoryAnalyzer
 from gpuwatch.views.svg import Envelope
 
 MAX_FLOOR_POINTS = 4000
+MAX_GAPS = 200  # shaded on the charts; the count and the longest are kept beyond that
+LATE_FACTOR = 2.0  # a tick this many intervals after the previous one came late
+# Lines break only across gaps this long (the daemon was stopped, or not recording): ticks
+# that slipped under load are late, not missing, and the line goes on across them.
+BREAK_SECONDS, BREAK_INTERVALS = 60.0, 20
 
 
 def _leak_state(pipeline, uuid: str, pid: int | None):
@@ -54,6 +59,7 @@ class SeriesView:
     floor: list[tuple[float, float]] = field(default_factory=list)
     # what the detector judges when it is not NVML's figure (the probe's reserved bytes)
     judged: Envelope | None = None
+    judged_kind: str = ""  # probe | pool
     trends: list[Trend] = field(default_factory=list)
     last_t: float = 0.0
     peak: float = 0.0
@@ -96,10 +102,17 @@ def trigger_of(action: ActionEvent, signals: list[Event]) -> tuple:
 
 
 class Collector:
-    def __init__(self, t0: float, max_points: int = 500) -> None:
+    def __init__(self, t0: float, max_points: int = 500, interval: float = 2.0) -> None:
         self.t0 = t0
         self.t1 = t0
         self.ticks = 0
+        self.interval = interval
+        self.break_after = max(BREAK_SECONDS, BREAK_INTERVALS * interval)
+        self.late = 0  # ticks that came LATE_FACTOR intervals or more after the previous
+        self.stops = 0  # gaps longer than break_after
+        self.longest_gap = 0.0
+        self.longest_gap_at = t0
+        self.gaps: list[tuple[float, float]] = []
         self.max_points = max_points
         self.gpus: dict[str, GpuView] = {}
         self.series: dict[tuple[str, int | None], SeriesView] = {}
@@ -116,6 +129,16 @@ class Collector:
 
     def step(self, tick, pipeline, events) -> None:
         t = tick.t
+        gap = t - self.t1
+        if self.ticks and gap >= LATE_FACTOR * self.interval:
+            if gap > self.break_after:
+                self.stops += 1  # not recording: the lines break there
+            else:
+                self.late += 1
+                if gap > self.longest_gap:
+                    self.longest_gap, self.longest_gap_at = gap, self.t1
+            if len(self.gaps) < MAX_GAPS:
+                self.gaps.append((self.t1, t))
         self.t1, self.ticks = t, self.ticks + 1
         derived = pipeline.derived
         self.table = derived.threshold_table or self.table
@@ -142,7 +165,7 @@ class Collector:
                 sv = self._series_view((g.uuid, p.pid), f"pid {p.pid} ({p.name or '?'})")
                 sv.mem.add(t, p.used_memory_bytes)
                 sv.peak = max(sv.peak, p.used_memory_bytes)
-                self._follow(sv, pipeline, t)
+                self._follow(sv, pipeline, t, p.used_memory_bytes)
             gsv = self.series.get((g.uuid, None))
             if gsv is not None:
                 self._follow_gpu(gsv, pipeline, t)
@@ -164,18 +187,24 @@ class Collector:
             sv = self.series[key] = SeriesView(key, label, self._env())
         return sv
 
-    def _follow(self, sv: SeriesView, pipeline, t: float) -> None:
-        """Pick up the detector's retained floor each time it closes a bucket."""
+    def _follow(self, sv: SeriesView, pipeline, t: float, nvml: float | None = None) -> None:
+        """Pick up what the detector judged this tick where it is not NVML's figure (the
+        probe's reserved bytes; an engine's planned pool, up to which memory is planned),
+        and its retained floor each time it closes a bucket."""
         state = _leak_state(pipeline, *sv.key)
         series = getattr(state, "series", None)
         sv.last_t = t
         if series is None:
             return
         samples = getattr(getattr(series, "fast", None), "samples", None)
-        if getattr(state, "source", "nvml") == "probe" and samples and samples[-1][0] == t:
-            if sv.judged is None:
+        if samples and samples[-1][0] == t:
+            value, source = samples[-1][1], getattr(state, "source", "nvml")
+            if sv.judged is None and (source == "probe" or (
+                    nvml is not None and abs(value - nvml) >= 1)):
                 sv.judged = self._env()
-            sv.judged.add(t, samples[-1][1])
+                sv.judged_kind = "probe" if source == "probe" else "pool"
+            if sv.judged is not None:
+                sv.judged.add(t, value)
         trend = getattr(series, "trend", None)
         pts = getattr(trend, "points", None)
         if pts is None:

@@ -25,16 +25,18 @@ def engine_section(c: Collector, e: EngineView) -> str:
         ("kv_hit", "KV hit ratio (windowed)", "#2f9e44")) if k in s]
     if kv:
         out.append(chart(kv, c.t0, c.t1, lambda v: f"{v * 100:g} %", markers=markers,
-                         y_range=(0, 1), height=170, title="KV cache"))
+                         y_range=(0, 1), height=170, title="KV cache", gaps=c.gaps,
+                         breaks=c.break_after))
     qs = [Line(k.replace("queue_", "queue "), color, s[k]) for k, color in
           zip(sorted(k for k in s if k.startswith("queue_p")),
               ("#74c0fc", "#f59f00", "#e03131", "#ae3ec9"), strict=False)]
     if qs:
         out.append(chart(qs, c.t0, c.t1, lambda v: f"{v * 1000:.0f} ms", markers=markers,
-                         height=170, title="queue latency"))
+                         height=170, title="queue latency", gaps=c.gaps,
+                         breaks=c.break_after))
     rw = [Line(label, color, s[k]) for k, label, color in (
         ("running", "running", "var(--accent)"), ("waiting", "waiting", "#e8590c")) if k in s]
     if rw:
         out.append(chart(rw, c.t0, c.t1, lambda v: f"{v:g}", markers=markers, height=150,
-                         title="requests"))
+                         title="requests", gaps=c.gaps, breaks=c.break_after))
     return "".join(out)

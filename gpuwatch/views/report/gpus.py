@@ -36,13 +36,17 @@ def gpu_section(c: Collector, g: GpuView) -> str:
     unit = _mem_unit(y_hi)
     plot = chart(lines, c.t0, c.t1, _mem_axis(unit), bands=_zone_bands(g.thresholds, y_hi),
                  markers=markers, y_range=(0, y_hi or 1), title=f"GPU {g.index} memory",
-                 y_unit=unit)
-    cal = {True: "calibrated", False: "derived"}.get(g.calibrated, fmt.DASH)
+                 y_unit=unit, gaps=c.gaps, breaks=c.break_after)
     th = g.thresholds
+    size = _mem_axis(unit)
+    figures = ", ".join(
+        f'<span title="{escape(_mib(th.get(k)))} in the table">{k} '
+        f"{size(th[k]) if th.get(k) is not None else fmt.DASH}</span>"
+        for k in ("warning", "critical", "budget"))
     head = (f'<h3 id="gpu-{g.index}">GPU {g.index} · {escape(g.name or fmt.DASH)}</h3>'
-            f'<p class="meta">{escape(g.uuid)} · total {fmt.size(g.total)} · threshold row '
-            f"{escape(g.row or fmt.DASH)} ({cal}): warning {_mib(th.get('warning'))}, "
-            f"critical {_mib(th.get('critical'))}, budget {_mib(th.get('budget'))}</p>")
+            f'<p class="meta">{escape(g.uuid)} · total '
+            f"{size(g.total) if g.total is not None else fmt.DASH} · "
+            f"{escape(_row_text(g))}: {figures}</p>")
     procs = sorted((sv for k, sv in c.series.items() if k[0] == g.uuid),
                    key=lambda sv: (sv.key[1] is not None, not sv.trends, -sv.peak))
     return head + plot + "".join(_series_plot(c, sv) for sv in procs[:MAX_PROCESS_PLOTS]) + (
@@ -55,7 +59,9 @@ def _series_plot(c: Collector, sv: SeriesView) -> str:
     lines = [Line("memory (NVML)" if pid is not None else "memory no process accounts for",
                   C_JUDGED, sv.mem),
              *([Line("allocator reserved (probe): what the detector judges", "#2f9e44",
-                     sv.judged)] if sv.judged is not None else []),
+                     sv.judged)] if sv.judged is not None and sv.judged_kind == "probe" else
+               [Line("what the detector judges: memory up to the engine's planned pool is "
+                     "planned", "#0c8599", sv.judged)] if sv.judged is not None else []),
              Line("retained floor (leak detector)", C_FLOOR, points=sorted(sv.floor),
                   width=2.2)]
     vrules, trend_pts = [], []
@@ -90,7 +96,18 @@ def _series_plot(c: Collector, sv: SeriesView) -> str:
             f"{' · ' + escape(facts) + extra if facts else ' · no leak'}</p>"
             + chart(lines, c.t0, c.t1, _mem_axis(unit), bands=bands if _bands_visible(
                 bands, bounds) else [], markers=markers, vrules=vrules, height=180,
-                title=title, y_unit=unit))
+                title=title, y_unit=unit, gaps=c.gaps, breaks=c.break_after))
+
+
+def _row_text(g: GpuView) -> str:
+    """The threshold row as a person reads it: a row named "derived" is the table's rule
+    applied to this GPU's memory, not a row of its own."""
+    if not g.row:
+        return f"threshold row {fmt.DASH}"
+    if g.row == "derived":
+        return "thresholds derived from its memory"
+    cal = {True: " (calibrated)", False: " (derived)"}.get(g.calibrated, "")
+    return f"threshold row {g.row}{cal}"
 
 
 def _mib(v) -> str:
@@ -109,9 +126,9 @@ def _mem_unit(span: float) -> float:
 
 
 def _mem_axis(unit: float):
-    """Axis labels in one unit per chart (GiB or MiB)."""
+    """Figures in one unit per chart (GiB or MiB), as the axis labels them."""
     name = "GiB" if unit == fmt.GIB else "MiB"
-    return lambda v: f"{v / unit:g} {name}"
+    return lambda v: f"{round(v / unit, 1):g} {name}"
 
 
 def _bands_visible(bands, bounds) -> bool:

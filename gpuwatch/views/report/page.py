@@ -28,6 +28,7 @@ def render(c: Collector, header, source: str, warning: str | None = None) -> str
         f"{header.interval_s:g} s · threshold table {escape(table.get('version', fmt.DASH))}"
         f" ({escape(table.get('source', ''))}) · gpuwatch {escape(__version__)}</p>",
         f'<p class="card warning">{escape(warning)}</p>' if warning else "",
+        _late_note(c),
         EXPLAIN,
         "<h2>Findings</h2>", summary(c, found),
         oom_section(c),
@@ -44,3 +45,16 @@ def render(c: Collector, header, source: str, warning: str | None = None) -> str
             '<meta name="color-scheme" content="light dark">'
             f"<title>gpuwatch report · {escape(header.host or '')}</title>"
             f"<style>{CSS}</style></head><body><main>{''.join(body)}</main></body></html>")
+
+
+def _late_note(c: Collector) -> str:
+    """Ticks that slipped (a loaded host): said, and shaded on every chart."""
+    if not c.late and not c.stops:
+        return ""
+    late = (f"{c.late} of {c.ticks} samples came late (more than {c.interval * 2:g} s after "
+            f"the one before; the longest gap {fmt.duration(c.longest_gap)} from "
+            f"{fmt.clock(c.longest_gap_at)}): the host was busy. " if c.late else "")
+    stops = (f"Sampling stopped {c.stops} time{'s' if c.stops > 1 else ''} for over "
+             f"{fmt.duration(c.break_after)}: the lines break there. " if c.stops else "")
+    return (f'<p class="card late">{late}{stops}The charts shade where no sample was taken'
+            f"{' and draw the lines across late ticks' if c.late else ''}.</p>")

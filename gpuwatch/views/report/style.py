@@ -34,6 +34,8 @@ svg .band.safe { fill:var(--safe); opacity:.08; }
 svg .band.warning { fill:var(--warn); opacity:.16; }
 svg .band.critical { fill:var(--crit); opacity:.16; }
 svg .env { opacity:.18; stroke:none; }
+svg .gap { fill:var(--muted); opacity:.12; }
+.card.late { border-left:4px solid var(--warn); }
 svg .vrule { stroke-width:1.5; stroke-dasharray:4 3; }
 svg .vrule.onset { stroke:#ae3ec9; } svg .vrule.detect { stroke:var(--crit); }
 svg .vlab.onset { fill:#ae3ec9; } svg .vlab.detect { fill:var(--crit); }
