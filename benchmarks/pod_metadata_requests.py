@@ -53,6 +53,16 @@ def cid_of(i: int) -> str:
     return f"{i:064x}"
 
 
+def serve_https(handler, cert: Path, key: Path) -> tuple[http.server.HTTPServer, str]:
+    """A threading HTTPS server on a free loopback port, serving in the background."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"https://127.0.0.1:{server.server_address[1]}"
+
+
 class CountingServer:
     """HTTPS on loopback: counts requests by path, answers a PodList to a bearer token."""
 
@@ -83,12 +93,7 @@ class CountingServer:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(self.cert, self.key)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve_https(Handler, self.cert, self.key)
 
     def total(self) -> int:
         return sum(self.counts.values())

@@ -9,13 +9,13 @@ import asyncio
 import http.server
 import json
 import shutil
-import ssl
 import subprocess
 import threading
 import urllib.parse
 
 import pytest
 
+from benchmarks.pod_metadata_requests import serve_https
 from gpuwatch.attribution.config import KubernetesApiConfig
 from gpuwatch.attribution.kubeapi import KubeApiUnavailable, list_node_pods
 from gpuwatch.attribution.resolver import ProcHost, resolve
@@ -86,12 +86,7 @@ class ApiServer:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(self.cert, self.key)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve_https(Handler, self.cert, self.key)
 
     def close(self):
         self.server.shutdown()

@@ -15,6 +15,8 @@ import time
 
 import click
 
+from gpuwatch.views.cli import client_options
+
 OK, PROBLEM, UNKNOWN = 0, 1, 2
 MAX_MESSAGE = 240
 # check -> (condition it sets, severity it reports)
@@ -72,13 +74,7 @@ def _finish(status: int, message: str) -> None:
 @click.option("--since", type=click.FloatRange(min=1), default=float(NPD_INTERVAL_SECONDS),
               show_default=True, metavar="S",
               help="warnings: XIDs seen within the last S seconds (NPD's invoke_interval).")
-@click.option("--user", help="Basic-auth user of the daemon's web configuration.")
-@click.option("--password-file", type=click.Path(dir_okay=False),
-              help="File holding that user's password.")
-@click.option("--cacert", type=click.Path(dir_okay=False),
-              help="CA certificate that signed the daemon's TLS certificate.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False),
-              envvar="GPUWATCH_CONFIG", help="The daemon's TOML configuration (for its URL).")
+@client_options
 def npd(check, url, timeout, since, user, password_file, cacert, config_file) -> None:
     """Node Problem Detector custom-plugin mode: gpu-health (XIDs that need the GPU or node
     acted on, uncorrectable ECC, row remapping, a GPU off the bus), memory-pressure (time to
