@@ -65,10 +65,7 @@ class Daemon:
         self.pipeline = Pipeline.from_config(cfg)
         self.attribution = make_attribution(cfg, self.backend, self.sources)
         self.nvsentinel = None
-        if cfg.nvsentinel.enabled:
-            from gpuwatch.nodehealth.nvsentinel import make_publisher
-
-            self.nvsentinel = make_publisher(cfg, self.sources, self.host)
+        self._make_nvsentinel(cfg)
         self.recent: collections.deque[Event | ActionEvent] = collections.deque(
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
@@ -323,6 +320,8 @@ class Daemon:
             if self.attribution is not None:
                 self.attribution.close()
             self.attribution = make_attribution(new, self.backend, self.sources)
+        if new.nvsentinel != old.nvsentinel:
+            self._make_nvsentinel(new)
         if wc is not None:
             self._reload_web(wc)
 
@@ -468,6 +467,17 @@ class Daemon:
             if self.nvsentinel is not None:
                 self.nvsentinel.close()
         return 0
+
+    def _make_nvsentinel(self, cfg: Config) -> None:
+        """The NVSentinel publisher, new on each (re)configuration: its first pass sends the
+        healthy baseline again."""
+        if self.nvsentinel is not None:
+            self.nvsentinel.close()
+            self.nvsentinel = None
+        if cfg.nvsentinel.enabled:
+            from gpuwatch.nodehealth.nvsentinel import make_publisher
+
+            self.nvsentinel = make_publisher(cfg, self.sources, self.host)
 
     def _make_remediator(self):
         from gpuwatch.remediation.remediator import Remediator
