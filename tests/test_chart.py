@@ -223,6 +223,45 @@ def test_all_toggles_on_render_what_each_asks_for(all_on, tmp_path):
     assert cfg.nvsentinel.enabled
 
 
+def service_links(services: list[dict]) -> dict[str, str]:
+    """What the kubelet puts in a pod's environment for each Service of its namespace unless
+    enableServiceLinks is false (pkg/kubelet/envvars): GPUWATCH_SERVICE_HOST for gpuwatch."""
+    env = {}
+    for i, svc in enumerate(services):
+        name = svc["metadata"]["name"].upper().replace("-", "_")
+        ip = f"10.96.0.{10 + i}"
+        (first, *_) = ports = svc["spec"]["ports"]
+        env[f"{name}_SERVICE_HOST"] = ip
+        env[f"{name}_SERVICE_PORT"] = str(first["port"])
+        env[f"{name}_PORT"] = f"tcp://{ip}:{first['port']}"
+        for p in ports:
+            env[f"{name}_SERVICE_PORT_{p['name'].upper().replace('-', '_')}"] = str(p["port"])
+            base = f"{name}_PORT_{p['port']}_TCP"
+            env.update({base: f"tcp://{ip}:{p['port']}", f"{base}_PROTO": "tcp",
+                        f"{base}_PORT": str(p["port"]), f"{base}_ADDR": ip})
+    return env
+
+
+@pytest.mark.parametrize("which", ["default", "all_on"])
+def test_no_service_links_in_the_daemons_environment(which, request, tmp_path, caplog):
+    """The kubelet would name the chart's Services' addresses GPUWATCH_SERVICE_HOST,
+    GPUWATCH_WEBHOOK_PORT_19400_TCP, ...: the prefix of gpuwatch's settings. The pod turns
+    service links off; were they on, the daemon's configuration would still be the same."""
+    objs = objects(request.getfixturevalue(which))
+    (ds,) = by_kind(objs, "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["enableServiceLinks"] is False
+    links = service_links(by_kind(objs, "Service"))
+    assert "GPUWATCH_SERVICE_HOST" in links and "GPUWATCH_PORT_19400_TCP_ADDR" in links
+    if which == "all_on":
+        assert "GPUWATCH_WEBHOOK_SERVICE_PORT_WEBHOOK" in links
+    cm = next(o for o in by_kind(objs, "ConfigMap") if "gpuwatch.toml" in o["data"])
+    path = tmp_path / "gpuwatch.toml"
+    path.write_text(cm["data"]["gpuwatch.toml"])
+    with caplog.at_level("WARNING", logger="gpuwatch.config"):
+        assert load(path, environ=links) == load(path, environ={})
+    assert "GPUWATCH_SERVICE_HOST: not a gpuwatch setting, ignored" in caplog.text
+
+
 def test_nodes_proxy_only_when_asked_or_on_old_kubelets():
     values = {"kubernetes": {"enablePodLabels": True, "rbac": {"nodesProxy": False}}}
     (role,) = by_kind(objects(chart.render(CHART, values)), "ClusterRole")
