@@ -145,6 +145,16 @@ def test_readme_documents_every_value():
     assert set(DCGM_EXPORTER_NAMES) <= documented
 
 
+def test_values_table_reads_only_doc_comments():
+    text = ("# Plain, mentioning\n# --web-config as a flag.\na:\n  # -- Documented\n"
+            "  # over two lines.\n  b: 1\n")
+    assert chart.values_table(text) == [("a.b", "1", "Documented over two lines.")]
+    rows = chart.values_table((CHART / "values.yaml").read_text())
+    keys = [k for k, _, _ in rows]
+    # a row is a whole value or one of its leaves, never both
+    assert not [k for k in keys if any(o.startswith(k + ".") for o in keys)]
+
+
 def test_versions_and_image_tag_follow_gpuwatch(default):
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert meta["version"] == meta["appVersion"] == __version__

@@ -51,7 +51,7 @@ def values_table(values_text: str) -> list[tuple[str, str, str]]:
     rows = []
     for line in values_text.splitlines():
         stripped = line.strip()
-        if stripped.startswith("# --"):
+        if stripped == "# --" or stripped.startswith("# -- "):  # not "# --web-config"
             comment = [stripped[4:].strip()]
             continue
         if stripped.startswith("#") and comment is not None:
