@@ -1,8 +1,9 @@
 """GPU node health handed to the node tools, end to end: real daemons with simulated faults
-(the fake driver's XID 79 and XID 13 behind the real NVML backend; `--simulate leak` on a
-fast clock for a critical time to OOM), `gpuwatch npd` run as Node Problem Detector runs its
-plugins (the shipped custom-plugin-monitor's rules, path, arguments and timeouts), and a real
-gRPC server on a Unix socket serving NVSentinel's PlatformConnector from its own proto."""
+(the fake driver's XID 79 and XID 13, a GPU lost and uncorrectable ECC errors behind the
+real NVML backend; `--simulate leak` on a fast clock for a critical time to OOM), `gpuwatch
+npd` run as Node Problem Detector runs its plugins (the shipped custom-plugin-monitor's
+rules, path, arguments and timeouts), and a real gRPC server on a Unix socket serving
+NVSentinel's PlatformConnector from its own proto."""
 
 from __future__ import annotations
 
@@ -238,6 +239,29 @@ def test_xid_79_reaches_npd_and_nvsentinel_from_a_real_daemon(tmp_path, connecto
                        ("GpuwatchGpuMemoryPressure", "GPU-fake-1")}
     # each once: the daemon ticked many times while it ran
     assert len(connector.events) == 5
+
+
+@pytest.mark.integration
+def test_lost_gpu_and_uncorrectable_ecc_reach_npd_and_nvsentinel_from_a_real_daemon(
+        tmp_path, connector):
+    """The fake driver's other faults: GPU 1 fallen off the bus, uncorrectable ECC errors."""
+    d, url = fault_daemon(tmp_path, ["--lost", "--ecc-uncorrected", "2"],
+                          socket_path=connector.path)
+    try:
+        conditions, events = npd_pass(url)
+        status, message = conditions["GpuwatchGpuUnhealthy"]
+        assert status == "True" and message.startswith("ECC_UNCORRECTABLE: GPU 0 (GPU-fake-0)")
+        assert message.endswith("(+1 more)") and events == []
+        assert conditions["GpuwatchGpuMemoryPressure"][0] == "False"
+        wait_until(lambda: len(connector.unhealthy()) >= 2, 20, what="health events")
+    finally:
+        d.stop()
+    got = {(e.entitiesImpacted[-1].entityValue, tuple(e.errorCode)):
+           (e.isFatal, pb.RecommendedAction.Name(e.recommendedAction))
+           for e in connector.unhealthy()}
+    assert got == {("GPU-fake-0", ("ECC_UNCORRECTABLE",)): (True, "COMPONENT_RESET"),
+                   ("GPU-fake-1", ("GPU_LOST",)): (True, "RESTART_BM")}
+    assert all(e.checkName == "GpuwatchGpuUnhealthy" for e in connector.unhealthy())
 
 
 @pytest.mark.integration
