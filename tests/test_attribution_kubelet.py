@@ -4,6 +4,8 @@ requests per node per minute that each source costs the API server (counted by t
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from benchmarks.pod_metadata_requests import measure
@@ -11,8 +13,12 @@ from gpuwatch.attribution.config import KubeletConfig
 from gpuwatch.attribution.kubeapi import KubeApiUnavailable
 from gpuwatch.attribution.kubelet import kubelet_url, list_pods
 from gpuwatch.attribution.resolver import ProcHost, resolve
+from gpuwatch.attribution.source import AttributionSource
 from gpuwatch.config import ConfigError, load
-from tests.test_attribution import GPU1, UID_A, UID_B, cgroup_line, fake_proc
+from gpuwatch.exporter.families import process as process_family
+from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
+from gpuwatch.model import Tick
+from tests.test_attribution import GPU1, UID_A, UID_B, _gpus, cgroup_line, fake_proc
 from tests.test_attribution_cgroup import C1, C4
 from tests.test_attribution_kubeapi import TOKEN, ApiServer
 
@@ -47,6 +53,28 @@ def test_pods_from_the_kubelet_with_labels_the_patterns_allow(kubelet, tmp_path)
     assert (a.pod, a.container, b.pod, b.container) == ("llama-70b-7c9f", "vllm",
                                                         "embedder-5d8f9", "embed")
     assert a.source == "cgroup+kubelet"
+
+
+def test_process_info_carries_the_labels_the_patterns_matched(kubelet, tmp_path):
+    """Patterns alone name the label columns: those matched on this tick's processes."""
+    root = fake_proc(tmp_path / "proc", {1: (cgroup_line(UID_A, C1), None),
+                                         2: (cgroup_line(UID_B, C4), None)})
+    patterns = {"pod_label_allowlist_regex": [r"app\.kubernetes\.io/.*", "tea."]}
+    host = ProcHost(str(root), "", kubelet=cfg(kubelet, tmp_path, **patterns))
+    src = AttributionSource(host, SourceStatus())
+    gpus = _gpus({GPU1: [1, 2]})
+    asyncio.run(src.update(gpus, 1.0))
+    src.close()
+    config = load(None, environ={}, overrides={"attribution": {"kubelet": {
+        "enabled": True, "node_address": "127.0.0.1", **patterns}}})
+    fams = {m.name: m for m in process_family.collect(
+        Snapshot(tick=Tick(t=1.0, gpus=gpus), config=config))}
+    info = {s.labels["pod"]: s.labels for s in fams["gpuwatch_process_info"].samples}
+    assert info["llama-70b-7c9f"]["label_app_kubernetes_io_name"] == "llama"
+    assert info["llama-70b-7c9f"]["label_team"] == "infer"
+    # the other pod has no team label: the column is there, empty
+    assert info["embedder-5d8f9"]["label_team"] == ""
+    assert not [k for k in info["llama-70b-7c9f"] if "secret" in k]  # "secret-ish" unmatched
 
 
 def test_kubelet_failures_say_why_and_never_show_the_token(kubelet, tmp_path):
