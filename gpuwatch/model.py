@@ -27,8 +27,9 @@ class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     namespace: str = ""
     container: str = ""
     slurm_job_id: str = ""
-    # allow-listed pod labels (attribution.kubernetes_api.pod_labels), key -> value
+    # allow-listed pod labels and annotations ([attribution.kubelet], [..kubernetes_api])
     pod_labels: dict[str, str] = {}
+    pod_annotations: dict[str, str] = {}
     # The host's view of it (psutil, refreshed every few seconds): CPU time (user + system),
     # its share of one core since the previous reading, and resident memory.
     cpu_seconds_total: float | None = None

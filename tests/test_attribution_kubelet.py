@@ -59,7 +59,8 @@ def test_process_info_carries_the_labels_the_patterns_matched(kubelet, tmp_path)
     """Patterns alone name the label columns: those matched on this tick's processes."""
     root = fake_proc(tmp_path / "proc", {1: (cgroup_line(UID_A, C1), None),
                                          2: (cgroup_line(UID_B, C4), None)})
-    patterns = {"pod_label_allowlist_regex": [r"app\.kubernetes\.io/.*", "tea."]}
+    patterns = {"pod_label_allowlist_regex": [r"app\.kubernetes\.io/.*", "tea."],
+                "pod_annotations": ["example.com/model", "example.com/notes"]}
     host = ProcHost(str(root), "", kubelet=cfg(kubelet, tmp_path, **patterns))
     src = AttributionSource(host, SourceStatus())
     gpus = _gpus({GPU1: [1, 2]})
@@ -75,6 +76,11 @@ def test_process_info_carries_the_labels_the_patterns_matched(kubelet, tmp_path)
     # the other pod has no team label: the column is there, empty
     assert info["embedder-5d8f9"]["label_team"] == ""
     assert not [k for k in info["llama-70b-7c9f"] if "secret" in k]  # "secret-ish" unmatched
+    # and the annotations named, exactly; a long value is cut, others never copied
+    assert info["llama-70b-7c9f"]["annotation_example_com_model"] == "llama-3-70b"
+    assert info["llama-70b-7c9f"]["annotation_example_com_notes"] == "n" * 128
+    assert info["embedder-5d8f9"]["annotation_example_com_model"] == ""
+    assert not [k for k in info["llama-70b-7c9f"] if "last_applied" in k]
 
 
 def test_kubelet_failures_say_why_and_never_show_the_token(kubelet, tmp_path):
@@ -97,6 +103,13 @@ def test_kubelet_settings_are_checked():
     with pytest.raises(ConfigError, match="pod_label_allowlist_regex"):
         load(None, environ={}, overrides={"attribution": {"kubelet": {
             "pod_label_allowlist_regex": ["app(["]}}})
+    with pytest.raises(ConfigError, match="pod_annotations: 'not a key'"):
+        load(None, environ={}, overrides={"attribution": {"kubelet": {
+            "pod_annotations": ["not a key"]}}})
+    with pytest.raises(ConfigError, match="at most 16 together"):
+        load(None, environ={}, overrides={"attribution": {"kubelet": {
+            "pod_labels": [f"l{i}" for i in range(10)],
+            "pod_annotations": [f"a{i}" for i in range(7)]}}})
     cfg = load(None, environ={"GPUWATCH_ATTRIBUTION_KUBELET_NODE_ADDRESS": "10.1.2.3",
                               "GPUWATCH_ATTRIBUTION_KUBELET_ENABLED": "true"})
     assert cfg.attribution.kubelet.enabled and cfg.attribution.kubelet.node_address == "10.1.2.3"

@@ -39,6 +39,7 @@ ALL_ON = {
                         "clientAuthType": "RequireAndVerifyClientCert"},
     "basicAuth": {"users": {"prometheus": "s3cret-scrape"}},
     "kubernetes": {"enablePodLabels": True, "podLabelAllowlistRegex": ["app\\.kubernetes\\.io/.*"],
+                   "podAnnotationAllowlist": ["example.com/model"],
                    "rbac": {"nodesProxy": True}},
     "prometheusRule": {"enabled": True},
     "dashboards": {"enabled": True, "annotations": {"grafana_folder": "GPUs"}},
@@ -230,6 +231,7 @@ def test_all_toggles_on_render_what_each_asks_for(all_on, tmp_path):
     cfg = load(path, environ={})
     assert cfg.attribution.kubelet.enabled and cfg.attribution.kubelet.port == 10250
     assert cfg.attribution.kubelet.pod_label_allowlist_regex == ["app\\.kubernetes\\.io/.*"]
+    assert cfg.attribution.kubelet.pod_annotations == ["example.com/model"]
     assert cfg.nvsentinel.enabled
 
 

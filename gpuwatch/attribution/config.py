@@ -29,17 +29,22 @@ class KubernetesApiConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tr
     ca_file: str = CA_FILE
     # Pod labels copied onto gpuwatch_process_info as label_<key>, e.g. app.kubernetes.io/name
     pod_labels: list[str] = []
+    # Pod annotations copied as annotation_<key> (exact keys)
+    pod_annotations: list[str] = []
 
     def __post_init__(self) -> None:
-        _check_labels(self.pod_labels, [])
+        _check_labels(self.pod_labels, [], self.pod_annotations)
 
 
-def _check_labels(exact: list[str], patterns: list[str]) -> None:
-    bad = [k for k in exact if not LABEL_KEY.match(k)]
-    if bad:
-        raise ValueError(f"pod_labels: {bad[0]!r} is not a Kubernetes label key")
-    if len(exact) + len(patterns) > 16:
-        raise ValueError("pod_labels: at most 16 (each is a label on every process series)")
+def _check_labels(exact: list[str], patterns: list[str], annotations: list[str]) -> None:
+    # annotation keys have the label keys' syntax
+    for name, keys in (("pod_labels", exact), ("pod_annotations", annotations)):
+        bad = [k for k in keys if not LABEL_KEY.match(k)]
+        if bad:
+            raise ValueError(f"{name}: {bad[0]!r} is not a Kubernetes label key")
+    if len(exact) + len(patterns) + len(annotations) > 16:
+        raise ValueError("pod_labels, pod_label_allowlist_regex and pod_annotations: at most "
+                         "16 together (each is a label on every process series)")
     for p in patterns:
         try:
             re.compile(p)
@@ -66,9 +71,11 @@ class KubeletConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # regular expression matches in full (at most 16 labels per pod).
     pod_labels: list[str] = []
     pod_label_allowlist_regex: list[str] = []
+    # Pod annotations copied as annotation_<key> (exact keys; values cut at 128 characters).
+    pod_annotations: list[str] = []
 
     def __post_init__(self) -> None:
-        _check_labels(self.pod_labels, self.pod_label_allowlist_regex)
+        _check_labels(self.pod_labels, self.pod_label_allowlist_regex, self.pod_annotations)
 
 
 class AttributionConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -37,8 +37,9 @@ class Attribution(msgspec.Struct, kw_only=True):
     # for what it is and never becomes slurm_job_id (pages are routed by it).
     slurm_job_id_self_reported: str | None = None
     systemd_unit: str | None = None
-    # Allow-listed pod labels (attribution.kubernetes_api.pod_labels), when the API is used.
+    # Allow-listed pod labels and annotations, from the kubelet or API source.
     pod_labels: dict[str, str] | None = None
+    pod_annotations: dict[str, str] | None = None
     # Which sources said so, "+"-joined: cgroup, podresources, kubernetes-api, job-mapping,
     # environ-self-reported;
     # None: nothing known.
@@ -132,6 +133,7 @@ def _name_from_api(out: dict[int, Attribution], pods: Iterable[PodMeta],
         att.namespace, att.pod = meta.namespace, meta.name
         att.container = meta.containers.get(att.container_id or "")
         att.pod_labels = dict(meta.labels) or None
+        att.pod_annotations = dict(meta.annotations) or None
         att.source = add_source(att.source, source)
         named.add((meta.namespace, meta.name))
     return named

@@ -22,6 +22,7 @@ from gpuwatch.attribution.config import CA_FILE, TOKEN_FILE
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 MAX_TOKEN_BYTES = 64 * 1024
 MAX_POD_LABELS = 16
+MAX_ANNOTATION_VALUE = 128
 _RUNTIME_ID = re.compile(r"^[a-z0-9-]{1,32}://(?P<id>[0-9a-f]{64})$")
 
 
@@ -35,6 +36,7 @@ class PodMeta:
     name: str
     uid: str
     labels: dict[str, str] = field(default_factory=dict)  # allow-listed only
+    annotations: dict[str, str] = field(default_factory=dict)  # allow-listed only
     containers: dict[str, str] = field(default_factory=dict)  # container id -> name
 
 
@@ -61,6 +63,7 @@ def _read_token(path: str) -> str:
 
 def list_node_pods(url: str, node: str, *, token_file: str = TOKEN_FILE,
                    ca_file: str = CA_FILE, allow_labels: tuple[str, ...] = (),
+                   allow_annotations: tuple[str, ...] = (),
                    timeout: float = 5.0) -> list[PodMeta]:
     """The pods scheduled on `node`; raises KubeApiUnavailable with the reason."""
     parts = urllib.parse.urlsplit(url)
@@ -72,7 +75,7 @@ def list_node_pods(url: str, node: str, *, token_file: str = TOKEN_FILE,
     doc = fetch_json(f"{url.rstrip('/')}/api/v1/pods?{query}", "API server",
                      token_file=token_file, ca_file=ca_file, timeout=timeout,
                      forbidden="the service account needs list on pods")
-    return parse_pods(doc, select_labels(allow_labels))
+    return parse_pods(doc, select_labels(allow_labels), allow_annotations)
 
 
 def fetch_json(url: str, who: str, *, token_file: str, ca_file: str, timeout: float,
@@ -129,20 +132,26 @@ def select_labels(exact: tuple[str, ...] = (), patterns: tuple[str, ...] = ()
     return select
 
 
-def parse_pods(doc, select: Callable[[dict], dict[str, str]]) -> list[PodMeta]:
-    """A PodList (the API server's and the kubelet's /pods are the same shape)."""
+def parse_pods(doc, select: Callable[[dict], dict[str, str]],
+               annotations: tuple[str, ...] = ()) -> list[PodMeta]:
+    """A PodList (the API server's and the kubelet's /pods are the same shape); `annotations`
+    names the annotations kept."""
     try:
-        return _parse(doc, select)
+        return _parse(doc, select, annotations)
     except (ValueError, TypeError, AttributeError) as exc:
         raise KubeApiUnavailable(f"unexpected pod list: {type(exc).__name__}") from None
 
 
-def _parse(doc: dict, select: Callable[[dict], dict[str, str]]) -> list[PodMeta]:
+def _parse(doc: dict, select: Callable[[dict], dict[str, str]],
+           annotation_keys: tuple[str, ...]) -> list[PodMeta]:
     out = []
     for item in doc.get("items") or ():
         meta = item.get("metadata") or {}
         status = item.get("status") or {}
         labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        if not isinstance(annotations, dict):
+            annotations = {}
         containers = {}
         for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
             for cs in status.get(key) or ():
@@ -153,5 +162,7 @@ def _parse(doc: dict, select: Callable[[dict], dict[str, str]]) -> list[PodMeta]
             namespace=str(meta.get("namespace", ""))[:253], name=str(meta.get("name", ""))[:253],
             uid=str(meta.get("uid", "")).lower()[:64],
             labels=select(labels) if isinstance(labels, dict) else {},
+            annotations={k: str(annotations[k])[:MAX_ANNOTATION_VALUE]
+                         for k in annotation_keys if k in annotations},
             containers=containers))
     return out

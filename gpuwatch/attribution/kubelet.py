@@ -42,4 +42,5 @@ def list_pods(cfg, timeout: float = 5.0) -> list[PodMeta]:
                      forbidden="the service account needs get on nodes/pods (nodes/proxy "
                                "before Kubernetes 1.33)")
     return parse_pods(doc, select_labels(tuple(cfg.pod_labels),
-                                         tuple(cfg.pod_label_allowlist_regex)))
+                                         tuple(cfg.pod_label_allowlist_regex)),
+                      tuple(cfg.pod_annotations))

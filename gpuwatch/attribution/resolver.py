@@ -71,6 +71,7 @@ class ProcHost:
             return None
         return list_node_pods(k.url or default_url(), k.node_name, token_file=k.token_file,
                               ca_file=k.ca_file, allow_labels=tuple(k.pod_labels),
+                              allow_annotations=tuple(k.pod_annotations),
                               timeout=max(self.timeout, 5.0))
 
     def gpu_jobs(self) -> dict[int, list[str]]:
