@@ -31,11 +31,13 @@ from gpuwatch.exporter.server import Server
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, OomSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
+from gpuwatch.ratelog import RateLimitedLog
 from gpuwatch.recording import Recorder
 from gpuwatch.remediation.paths import snapshot_dir
 from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.sources.oom_records import OomReader
+from gpuwatch.sources.probe_fs import UserFilesystems
 from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
 from gpuwatch.thresholds import ThresholdsError
@@ -64,6 +66,8 @@ class Daemon:
                                   cfg.nvml.retry_max_seconds)
         self.pipeline = Pipeline.from_config(cfg)
         self.attribution = make_attribution(cfg, self.backend, self.sources)
+        self.nvsentinel = None
+        self._make_nvsentinel(cfg)
         self.recent: collections.deque[Event | ActionEvent] = collections.deque(
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
@@ -77,9 +81,15 @@ class Daemon:
         self._reload_again = False
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
+        # Failures that could repeat every tick: counted, shown in /readyz and the metrics,
+        # logged once a minute at most.
+        self.tick_health = RateLimitedLog(log, "tick")
+        self._record_errors = RateLimitedLog(log, "recording a tick")
+        self._render_errors = RateLimitedLog(log, "rendering /metrics")
         self.remediator = None
         self.probe_dir = resolve_dir(cfg.probe.dir)
-        self.probe_reader = ProbeReader(self.probe_dir)
+        self.probe_reader = ProbeReader(self.probe_dir, UserFilesystems(
+            self.probe_dir, cfg.probe.user_max_bytes, cfg.probe.user_max_files))
         self.oom_reader = OomReader(self.probe_dir)
         self._oom_notes: set[str] = set()
         self._own_probes = False  # the backend makes its own (simulation): no records
@@ -139,23 +149,27 @@ class Daemon:
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes,
                     ooms=ooms)
         events = self._process(tick)
+        if self.nvsentinel is not None:  # GPU health to NVSentinel (delivered off the loop)
+            self.nvsentinel.update(gpus, self.pipeline.derived.gpus, now)
         if self.remediator is not None:
             self._log_actions(await self.remediator.on_events(events, self.snapshot))
         return tick
 
     def _log_actions(self, actions: list[ActionEvent]) -> None:
-        for action in actions:
+        for action in actions:  # logged once, by the ledger that decided it
             self.recent.append(action)
-            log.info("%s", logfmt.human_line(action))  # the JSON form goes to the events log
             self._log_event(action)
 
     def _process(self, tick: Tick) -> list[Event]:
         if self._recorder is not None:
             try:
                 self._recorder.write(tick)
+                self._record_errors.ok()
             except OSError as exc:
                 log.error("recording stopped: %s", exc)
                 self._recorder = None
+            except Exception as exc:  # this tick's line is lost, not the tick
+                self._record_errors.failed(exc)
         t0 = time.perf_counter()
         events = self.pipeline.update(tick)
         if self._events_log is not None:
@@ -166,10 +180,10 @@ class Daemon:
         sig.errors_total = self.pipeline.errors
         for ev in events:
             self.recent.append(ev)
-            log.log(logging.WARNING if ev.state == "firing" else logging.INFO, "%s",
-                    logfmt.human_line(ev))
+            log.log(logfmt.level(ev), "%s", logfmt.human_line(ev, with_time=False))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
+        self.tick_health.ok()
         self._publish(tick, ready=True)
         return events
 
@@ -181,6 +195,7 @@ class Daemon:
         self._version += 1
         if self.remediator is not None:
             self._extras["remediation"] = self.remediator.counters()
+        self._extras["ticks"] = self.tick_health.state()
         self.snapshot = Snapshot(
             version=self._version,
             tick=tick,
@@ -198,8 +213,9 @@ class Daemon:
         if self.renderer.due(self.config.nvml.fast_interval_seconds):
             try:
                 self.renderer.render_ahead(self.snapshot)
-            except Exception:
-                log.exception("rendering /metrics failed")
+                self._render_errors.ok()
+            except Exception as exc:
+                self._render_errors.failed(exc)
 
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -208,8 +224,9 @@ class Daemon:
         while not self._stop.is_set():
             try:
                 await self.tick_once()
-            except Exception:
-                log.exception("tick failed")
+            except Exception as exc:  # shown in /readyz and gpuwatch_tick_failures_total
+                self.tick_health.failed(exc)
+                self._publish(self.snapshot.tick, ready=False)
             if first:  # the summary names the GPUs the first tick found
                 first = False
                 for line in self.summary():
@@ -318,6 +335,8 @@ class Daemon:
             if self.attribution is not None:
                 self.attribution.close()
             self.attribution = make_attribution(new, self.backend, self.sources)
+        if new.nvsentinel != old.nvsentinel:
+            self._make_nvsentinel(new)
         if wc is not None:
             self._reload_web(wc)
 
@@ -430,7 +449,7 @@ class Daemon:
             await runner.close()
             await self.remediator.close()
             self._close_outputs()
-            return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
+            return exitcodes.for_bind_error(exc)
         # "serving on" comes in the startup summary, after the first tick names the GPUs.
         if self.web is not None and self.web.users and tls is None:
             log.warning("basic auth without tls_server_config: passwords cross the network "
@@ -462,6 +481,8 @@ class Daemon:
             self.sampler.close()
             if self.attribution is not None:
                 self.attribution.close()
+            if self.nvsentinel is not None:
+                self.nvsentinel.close()
         return 0
 
     def _otlp_missing(self) -> str:
@@ -483,6 +504,17 @@ class Daemon:
                             cfg.attribution.kubernetes_api.node_name)
         self._extras["otlp"] = pusher.counters
         await pusher.run()
+
+    def _make_nvsentinel(self, cfg: Config) -> None:
+        """The NVSentinel publisher, new on each (re)configuration: its first pass sends the
+        healthy baseline again."""
+        if self.nvsentinel is not None:
+            self.nvsentinel.close()
+            self.nvsentinel = None
+        if cfg.nvsentinel.enabled:
+            from gpuwatch.nodehealth.nvsentinel import make_publisher
+
+            self.nvsentinel = make_publisher(cfg, self.sources, self.host)
 
     def _make_remediator(self):
         from gpuwatch.remediation.remediator import Remediator

@@ -40,7 +40,7 @@ REQUIRED = {
     "PrometheusRule": ["metadata.namespace", "metadata.labels", "spec.groups[].name",
                        "spec.groups[].rules[].expr"],
 }
-API_VERSIONS = {"Namespace": "v1", "DaemonSet": "apps/v1", "Service": "v1", "ConfigMap": "v1",
+API_VERSIONS = {"ServiceAccount": "v1", "DaemonSet": "apps/v1", "Service": "v1", "ConfigMap": "v1",
                 "ServiceMonitor": "monitoring.coreos.com/v1",
                 "PrometheusRule": "monitoring.coreos.com/v1"}
 
@@ -63,8 +63,10 @@ def k8s(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+# what charts/gpuwatch renders with default values (tests/test_chart.py holds them to it)
 OBJECTS = {name: k8s(name) for name in (
-    "exporters/kubernetes/daemonset.yaml", "exporters/kubernetes/service.yaml",
+    "exporters/kubernetes/daemonset.yaml", "exporters/kubernetes/configmap.yaml",
+    "exporters/kubernetes/service.yaml", "exporters/kubernetes/serviceaccount.yaml",
     "exporters/kubernetes/servicemonitor.yaml", "alerts/gpuwatch.prometheusrule.yml")}
 
 
@@ -85,7 +87,8 @@ def test_kubernetes_objects_have_their_required_fields(name):
 
 def test_operator_objects_live_in_their_own_files():
     # A cluster without the Prometheus Operator's CRDs can still apply these two.
-    for name in ("exporters/kubernetes/daemonset.yaml", "exporters/kubernetes/service.yaml"):
+    for name in ("exporters/kubernetes/daemonset.yaml", "exporters/kubernetes/service.yaml",
+                 "exporters/kubernetes/configmap.yaml"):
         assert all(o["apiVersion"] != "monitoring.coreos.com/v1" for o in OBJECTS[name])
     mon, rule = one("ServiceMonitor"), one("PrometheusRule")
     assert mon["metadata"]["namespace"] == rule["metadata"]["namespace"] == "gpuwatch"
@@ -145,17 +148,6 @@ def test_daemonset_mounts_the_kubelet_pod_resources_socket_read_only():
     assert '".[kubernetes]"' in (ROOT / "Containerfile").read_text()  # grpcio in the image
 
 
-def test_attribution_rbac_grants_only_listing_pods():
-    sa, role, binding = k8s("exporters/kubernetes/attribution-rbac.yaml")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    (subject,) = binding["subjects"]
-    assert (subject["name"], subject["namespace"]) == (sa["metadata"]["name"],
-                                                       sa["metadata"]["namespace"])
-    ds = next(d for d in k8s("exporters/kubernetes/daemonset.yaml") if d["kind"] == "DaemonSet")
-    assert sa["metadata"]["namespace"] == ds["metadata"]["namespace"]
-
-
 def test_containerfile_builds_the_pinned_tag():
     text = (ROOT / "Containerfile").read_text()
     assert f"EXPOSE {DEFAULT_PORT}" in text and 'ENTRYPOINT ["gpuwatch", "run"]' in text
@@ -163,6 +155,22 @@ def test_containerfile_builds_the_pinned_tag():
     assert tags == {one("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]}
     for name in re.findall(r"^COPY (.+) \./", text, re.M)[0].split():
         assert (REPO / name).exists(), name
+
+
+def test_the_container_keeps_the_units_hardening():
+    """The unit's capabilities, no privilege gain and read-only system, in the image's run
+    command and the DaemonSet alike."""
+    caps = {c.removeprefix("CAP_") for c in set(unit()["CapabilityBoundingSet"][0].split())}
+    text = (ROOT / "Containerfile").read_text()
+    assert set(re.findall(r"--cap-add (\w+)", text)) == caps and "--cap-drop ALL" in text
+    for flag in ("--security-opt no-new-privileges", "--read-only", "--pid=host"):
+        assert flag in text, flag
+    assert re.search(r"^FROM \$\{BASE\}$", text, re.M) and "python3-venv" in text
+    (container,) = one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    sc = container["securityContext"]
+    assert set(sc["capabilities"]["add"]) == caps and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert unit()["NoNewPrivileges"] == ["yes"] and unit()["ProtectSystem"] == ["strict"]
 
 
 def unit() -> dict[str, list[str]]:
@@ -179,8 +187,9 @@ def test_systemd_unit_fits_the_documented_install():
     run_cmd = blocks("sh")[0]
     assert VENV_BIN.replace("gpuwatch/bin/gpuwatch", "gpuwatch/bin/pip install") in run_cmd
     assert u["ExecStart"] == [f"{VENV_BIN} run --config /etc/gpuwatch/gpuwatch.toml"]
-    assert u["ExecStartPre"] == [f"{VENV_BIN} check --config /etc/gpuwatch/gpuwatch.toml"]
-    # Config errors are not retried; a busy port (and everything else) is.
+    # Config errors are not retried; a busy port (and everything else) is. A failed
+    # ExecStartPre= would be retried whatever its status: the daemon checks at start itself.
+    assert "ExecStartPre" not in u
     assert u["RestartPreventExitStatus"] == [str(exitcodes.USAGE)]
     assert u["Restart"] == ["on-failure"] and exitcodes.TEMPFAIL != exitcodes.USAGE
     assert "/etc/gpuwatch/gpuwatch.toml" in (ROOT / "gpuwatch.toml").read_text()

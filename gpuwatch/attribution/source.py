@@ -99,6 +99,7 @@ def apply(gpus: list[GpuSample], cache: dict[Key, Attribution]) -> None:
             p.namespace, p.pod = att.namespace or "", att.pod or ""
             p.container, p.slurm_job_id = att.container or "", att.slurm_job_id or ""
             p.pod_labels = att.pod_labels or {}
+            p.pod_annotations = att.pod_annotations or {}
 
 
 def make_source(cfg, backend, sources: dict[str, SourceStatus]) -> AttributionSource | None:
@@ -118,6 +119,7 @@ def make_source(cfg, backend, sources: dict[str, SourceStatus]) -> AttributionSo
     # Up until a pass fails: a host with no GPU process yet has nothing to attribute, which
     # is not a failure (the status page must not raise an alarm over it).
     status = sources.setdefault("attribution", SourceStatus(up=True))
+    # The daemon labels from what users cannot forge: a SLURM_JOB_ID a process sets itself
+    # is `gpuwatch attribution`'s to show, so the daemon never reads environments.
     return AttributionSource(host, status, refresh_seconds=a.refresh_seconds,
-                             min_refresh_seconds=a.min_refresh_seconds,
-                             slurm_environ=a.slurm_environ)
+                             min_refresh_seconds=a.min_refresh_seconds, slurm_environ=False)

@@ -20,6 +20,7 @@ from gpuwatch.exporter.fold import Folder
 from gpuwatch.exporter.metric import GaugeMetricFamily
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.text import exposition
+from gpuwatch.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ class SnapshotCollector:
         self.snapshot = Snapshot()
         self.modules = families.modules()
         self.folder = Folder()
+        self.errors = {m.__name__: RateLimitedLog(log, f"metric family {m.__name__}")
+                       for m in self.modules}
 
     def collect(self):
         snap = self.snapshot
@@ -39,8 +42,8 @@ class SnapshotCollector:
             try:
                 # Materialise first: a family module that raises loses only its own series.
                 metrics = list(self.folder.fold(snap, module.collect(snap)))
-            except Exception:
-                log.exception("metric family %s failed", module.__name__)
+            except Exception as exc:
+                self.errors[module.__name__].failed(exc)
                 continue
             for m in metrics:
                 if m.samples:  # no empty HELP/TYPE blocks
