@@ -149,7 +149,7 @@ def test_fleet_rules_on_the_central_prometheus(fleet):
 
 def _fleet_dashboard_queries() -> list[tuple[str, str]]:
     dash = json.loads((REPO / "dashboards" / "gpuwatch-fleet.json").read_text())
-    values = {"$job": "gpuwatch", "$instance": ".*", "$__rate_interval": "20s",
+    values = {"$job": "gpuwatch", "$instance": ".*", "$cluster": ".*", "$__rate_interval": "20s",
               "$__range": "1m"}
     out = []
     for panel in dash["panels"]:
