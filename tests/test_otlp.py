@@ -127,6 +127,23 @@ def test_resources_name_the_host_and_the_pod_and_only_budgeted_processes():
     assert got["gpuwatch.gpu.processes.folded"][0][1].sum.data_points[0].as_double == 1
 
 
+def test_a_hostile_process_name_is_sent_and_an_unowned_process_joins_the_host_resource():
+    snap = _snap(1000.0)
+    gpu = snap.tick.gpus[0]
+    gpu.processes.append(ProcessSample(pid=9, name="bad\udcff\u00e9name", used_memory_bytes=5))
+    snap.derived.budget = Selection(exported=frozenset({("GPU-1", 7), ("GPU-1", 9)}),
+                                    folded={"GPU-1": 1})
+    req = ExportMetricsServiceRequest.FromString(Encoder("host-a").encode(snap))
+    assert len(req.resource_metrics) == 2  # the host's (GPUs, pid 9) and the pod's (pid 7)
+    host = req.resource_metrics[0]
+    usage = next(m for m in host.scope_metrics[0].metrics
+                 if m.name == "gpuwatch.process.gpu.memory.usage")
+    p, = usage.sum.data_points
+    names = {a.key: a.value.string_value for a in p.attributes}
+    assert names["process.executable.name"] == "bad?\u00e9name" and p.as_double == 5
+    assert "hw.gpu.memory.usage" in {m.name for m in host.scope_metrics[0].metrics}
+
+
 def test_delta_temporality_sends_changes_cumulative_sends_totals():
     for delta, expect in ((False, [3.0, 5.0, 2.0]), (True, [3.0, 2.0, 2.0])):
         enc = Encoder("h", delta=delta)

@@ -45,11 +45,18 @@ GEN_AI_BUCKETS = {
 HW_STATES = ("ok", "degraded", "failed", "predicted_failure")
 
 
+def _text(v) -> str:
+    """Valid UTF-8 whatever a process or pod calls itself (a name read from /proc may carry
+    surrogate escapes, which protobuf refuses: one such name would lose every push)."""
+    s = str(v)
+    return s if s.isascii() else s.encode("utf-8", "replace").decode("utf-8")
+
+
 def _kv(attrs: dict) -> list[KeyValue]:
     out = []
     for k, v in attrs.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            out.append(KeyValue(key=k, value=AnyValue(string_value=str(v))))
+            out.append(KeyValue(key=k, value=AnyValue(string_value=_text(v))))
         elif isinstance(v, int):
             out.append(KeyValue(key=k, value=AnyValue(int_value=v)))
         else:
@@ -80,7 +87,7 @@ class Encoder:
         host: dict[str, list] = {}
         owners: dict[tuple, dict[str, list]] = {}
         self._gpus(snap, host)
-        self._processes(snap, owners)
+        self._processes(snap, host, owners)
         self._engines(snap, host)
         req = ExportMetricsServiceRequest()
         base = {"host.name": self.host, "service.name": "gpuwatch",
@@ -232,13 +239,14 @@ class Encoder:
         return total
 
     # -- processes -------------------------------------------------------------------------
-    def _processes(self, snap: Snapshot, owners: dict) -> None:
+    def _processes(self, snap: Snapshot, host: dict, owners: dict) -> None:
         exported = snap.derived.budget.exported
         for g in snap.tick.gpus:
             for proc in g.processes:
                 if exported is not None and (g.uuid, proc.pid) not in exported:
                     continue
-                out = owners.setdefault((proc.namespace, proc.pod, proc.container), {})
+                owner = (proc.namespace, proc.pod, proc.container)
+                out = owners.setdefault(owner, {}) if any(owner) else host
                 attrs = {"hw.id": g.uuid, "hw.type": "gpu", "process.pid": proc.pid,
                          "process.executable.name": proc.name}
                 if proc.slurm_job_id:

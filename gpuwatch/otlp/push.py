@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.otlp.config import OtlpConfig
 from gpuwatch.otlp.encode import Encoder
+from gpuwatch.redact import mask_url
 
 log = logging.getLogger("gpuwatch.otlp")
 
@@ -160,6 +161,4 @@ class OtlpPusher:
                         self._where(), len(self.queue), self.counters["dropped"], reason)
 
     def _where(self) -> str:
-        from gpuwatch.redact import mask_url
-
         return mask_url(self.cfg.endpoint)
