@@ -78,6 +78,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._engine_task: asyncio.Task | None = None
         self._reload_task: asyncio.Task | None = None
+        self._otlp_task: asyncio.Task | None = None
         self._reload_again = False
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
@@ -316,6 +317,8 @@ class Daemon:
         if (new.signals, new.thresholds) != (old.signals, old.thresholds):
             pipeline = Pipeline.from_config(new)
         engines_changed = (new.engines, new.discovery) != (old.engines, old.discovery)
+        if new.otlp != old.otlp and otlp_missing(new):
+            raise ValueError(otlp_missing(new))
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             self.remediator.reconfigure(new.remediation, new.webhook)
@@ -337,6 +340,8 @@ class Daemon:
             self.attribution = make_attribution(new, self.backend, self.sources)
         if new.nvsentinel != old.nvsentinel:
             self._make_nvsentinel(new)
+        if new.otlp != old.otlp:
+            self._start_otlp()
         if wc is not None:
             self._reload_web(wc)
 
@@ -429,7 +434,7 @@ class Daemon:
         except (ValueError, OSError) as exc:
             log.error("remediation: %s", exc)
             return exitcodes.USAGE
-        problem = self._open_outputs() or self._otlp_missing()  # fail before serving
+        problem = self._open_outputs() or otlp_missing(self.config)  # fail before serving
         if problem:
             log.error("%s", problem)
             await self.remediator.close()
@@ -461,8 +466,7 @@ class Daemon:
         try:
             self._start_engines()
             tasks.append(asyncio.create_task(self._tick_loop()))
-            if self.config.otlp.endpoint:
-                tasks.append(asyncio.create_task(self._otlp()))
+            self._start_otlp()
             slow = self.config.nvml.slow_interval_seconds
             if slow > 0:
                 st = self.sources.setdefault("nvml_slow", SourceStatus())
@@ -470,7 +474,7 @@ class Daemon:
             await self._stop.wait()
             log.info("stopping")
         finally:
-            for t in [*tasks, self._engine_task, self._reload_task]:
+            for t in [*tasks, self._engine_task, self._reload_task, self._otlp_task]:
                 if t is not None:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
@@ -485,23 +489,26 @@ class Daemon:
                 self.nvsentinel.close()
         return 0
 
-    def _otlp_missing(self) -> str:
-        if not self.config.otlp.endpoint:
-            return ""
-        try:
-            import gpuwatch.otlp.push  # noqa: F401
-        except ImportError as exc:
-            return (f"otlp.endpoint is set but the OTLP extra is missing ({exc.name}): "
-                    "pip install 'gpuwatch[otlp]'")
-        return ""
+    def _start_otlp(self) -> None:
+        """The pusher of the current [otlp], replacing any earlier one (a reload)."""
+        if self._otlp_task is not None:
+            self._otlp_task.cancel()
+            self._otlp_task = None
+        if self.config.otlp.endpoint:
+            self._otlp_task = asyncio.create_task(self._otlp())
+        else:
+            self._extras.pop("otlp", None)
 
     async def _otlp(self) -> None:
-        # imported only here: opentelemetry-proto, protobuf and aiohttp stay out otherwise
+        # imported only here: opentelemetry-proto and protobuf stay out otherwise
         from gpuwatch.otlp.push import OtlpPusher
 
         cfg = self.config
         pusher = OtlpPusher(cfg.otlp, lambda: self.snapshot, self.host,
                             cfg.attribution.kubernetes_api.node_name)
+        for key, value in (self._extras.get("otlp") or {}).items():  # counters only grow
+            if key != "queued":
+                pusher.counters[key] = value
         self._extras["otlp"] = pusher.counters
         await pusher.run()
 
@@ -522,3 +529,15 @@ class Daemon:
         cfg = self.config
         return Remediator(cfg.remediation, cfg.webhook, probe_dir=self.probe_dir,
                           table=self.pipeline.table)
+
+
+def otlp_missing(cfg: Config) -> str:
+    """Why an [otlp] endpoint cannot be served here (the extra is not installed), or ""."""
+    if not cfg.otlp.endpoint:
+        return ""
+    try:
+        import gpuwatch.otlp.push  # noqa: F401
+    except ImportError as exc:
+        return (f"otlp.endpoint is set but the OTLP extra is missing ({exc.name}): "
+                "pip install 'gpuwatch[otlp]'")
+    return ""

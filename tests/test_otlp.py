@@ -484,3 +484,37 @@ def test_an_endpoint_without_the_extra_stops_the_daemon_saying_what_to_install(t
                config_toml='[otlp]\nendpoint = "http://127.0.0.1:9/v1/metrics"\n')
     assert d.proc.wait(60) == 2
     assert "pip install 'gpuwatch[otlp]'" in d.output()
+
+
+@pytest.mark.integration
+def test_a_reload_starts_and_stops_the_push(daemon, tmp_path):
+    import signal
+
+    prom = VictoriaMetrics(tmp_path)
+    base = 'host_name = "reload-host"\n[nvml]\nfast_interval_seconds = 0.5\n'
+    try:
+        d = daemon("--simulate", "mixed", config_toml=base)
+        cfg = next(tmp_path.glob("gpuwatch-*.toml"))
+
+        def otlp_series():
+            return {n: v for n, _, v in parse(d.metrics()) if n.startswith("gpuwatch_otlp_")}
+
+        assert otlp_series() == {}
+        cfg.write_text(base + f'[otlp]\nendpoint = "{prom.otlp}"\ninterval_seconds = 1.0\n'
+                              'timeout_seconds = 1.0\n')
+        d.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: prom.query('hw_gpu_memory_usage_bytes{host_name="reload-host"}'),
+                   30, what="pushes after the reload")
+        cfg.write_text(base)
+        d.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: otlp_series() == {}, 30, what="the pusher gone after the reload")
+        count = 'count_over_time(hw_gpu_memory_usage_bytes{host_name="reload-host"}[1h])'
+
+        def samples():
+            return sorted(float(s["value"][1]) for s in prom.query(count))
+
+        before = samples()
+        time.sleep(3)  # six ticks: none of them pushed
+        assert samples() == before
+    finally:
+        prom.stop()

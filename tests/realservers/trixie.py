@@ -20,15 +20,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.realservers.build import _run, cache_dir, ensure
+from tests.realservers.build import Unavailable, _run, cache_dir, ensure
 
 SUITE = "trixie"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
-
-
-class Unavailable(RuntimeError):
-    """No way to fetch it here (no apt-get, no Debian archive configured, or no network)."""
 
 
 def debian_archive() -> str:
