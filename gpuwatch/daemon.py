@@ -539,5 +539,5 @@ def otlp_missing(cfg: Config) -> str:
         import gpuwatch.otlp.push  # noqa: F401
     except ImportError as exc:
         return (f"otlp.endpoint is set but the OTLP extra is missing ({exc.name}): "
-                "pip install 'gpuwatch[otlp]'")
+                "pip install 'gpuwatch-agent[otlp]'")
     return ""

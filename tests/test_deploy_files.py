@@ -145,7 +145,8 @@ def test_daemonset_mounts_the_kubelet_pod_resources_socket_read_only():
     assert mount["readOnly"] is True
     assert DEFAULT_SOCKET.startswith(mount["mountPath"] + "/")
     assert volume["hostPath"]["path"] == mount["mountPath"]
-    assert '".[kubernetes]"' in (ROOT / "Containerfile").read_text()  # grpcio in the image
+    # grpcio (pod attribution) and opentelemetry-proto (OTLP push) in the image
+    assert '".[kubernetes,otlp]"' in (ROOT / "Containerfile").read_text()
 
 
 def test_containerfile_builds_the_pinned_tag():

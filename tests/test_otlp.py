@@ -483,7 +483,7 @@ def test_an_endpoint_without_the_extra_stops_the_daemon_saying_what_to_install(t
                env={"PYTHONPATH": os.pathsep.join((str(shadow), str(REPO)))},
                config_toml='[otlp]\nendpoint = "http://127.0.0.1:9/v1/metrics"\n')
     assert d.proc.wait(60) == 2
-    assert "pip install 'gpuwatch[otlp]'" in d.output()
+    assert "pip install 'gpuwatch-agent[otlp]'" in d.output()
 
 
 @pytest.mark.integration
