@@ -15,7 +15,7 @@ import psutil
 
 from benchmarks.report import emit
 from tests.helpers import Daemon, http_get
-from tests.test_otlp import VictoriaMetrics
+from tests.realservers.victoria_metrics import VictoriaMetrics
 
 CONFIG = """
 [otlp]
