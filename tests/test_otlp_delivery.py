@@ -120,6 +120,13 @@ def test_a_refusal_drops_that_request_and_the_rest_still_go():
     assert pusher.counters["failed"] == 0 and pusher.counters["queued"] == 0
 
 
+def test_a_redirect_is_not_followed_the_credentials_stay_with_the_endpoint():
+    _recv, pusher, seen = _deliver([(308, {"Location": "http://127.0.0.1:9/elsewhere"}, b"")],
+                                  rounds=2)
+    assert seen == [0.0, 10.0] and pusher.counters["rejected"] == 1
+    assert pusher.counters["pushed"] == 1
+
+
 def test_partial_success_counts_the_rejected_points():
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
         ExportMetricsServiceResponse,

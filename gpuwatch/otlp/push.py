@@ -124,7 +124,9 @@ class OtlpPusher:
 
     async def _send(self, session, body: bytes) -> None:
         try:
-            async with session.post(self.cfg.endpoint, data=body) as resp:
+            # no redirects: the headers (credentials) go to the configured endpoint only
+            async with session.post(self.cfg.endpoint, data=body,
+                                    allow_redirects=False) as resp:
                 answer = await resp.content.read(MAX_RESPONSE)
                 status, retry_after = resp.status, resp.headers.get("Retry-After", "")
         except Exception as exc:  # down, slow, reset
