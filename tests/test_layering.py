@@ -88,8 +88,9 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-def test_the_simulator_modules_import_no_cycle():
-    assert cycles("sources/simulate") == []
+@pytest.mark.parametrize("folder", ["monitoring", "exporter", "signals", "sources/simulate"])
+def test_packages_import_no_cycle(folder):
+    assert cycles(folder) == []
 
 
 def test_the_cycle_check_sees_a_cycle(tmp_path):

@@ -11,7 +11,7 @@ resolve (its first bucket above the objective) is not judged.
 
 from __future__ import annotations
 
-from gpuwatch.monitoring.rules import Alert, Recording, RuleParams, _num
+from gpuwatch.monitoring.rule_base import Alert, Recording, RuleParams, _num
 
 WINDOWS = ("5m", "30m", "1h", "6h")
 SECONDS = {"5m": 300, "30m": 1800, "1h": 3600, "6h": 21600}
@@ -29,18 +29,6 @@ BY = "job, model"
 def _le(seconds: float) -> str:
     """The le label the exporter writes for a bound (repr of the float: "2.0")."""
     return repr(float(seconds))
-
-
-def check(p: RuleParams) -> None:
-    """Latency objectives must be bounds of gpuwatch's layout: the share of requests under
-    them is then a bucket, not an interpolation."""
-    from gpuwatch.exposition.layout import BOUNDS
-
-    for *_, attr in LATENCY_SLOS:
-        v = float(getattr(p, attr))
-        if v not in BOUNDS:
-            raise ValueError(f"{attr}: {v:g} s is not a bound of gpuwatch's bucket layout "
-                             f"({', '.join(f'{b:g}' for b in BOUNDS)})")
 
 
 def recording(p: RuleParams) -> list[Recording]:
