@@ -21,13 +21,14 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
+from gpuwatch import __version__, exitcodes, lifecycle, logfmt, redact, webconfig
 from gpuwatch import config as config_mod
 from gpuwatch.attribution.source import make_source as make_attribution
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
+from gpuwatch.exporter.listener import Limits, Listener
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
@@ -43,6 +44,8 @@ log = logging.getLogger("gpuwatch")
 
 RECENT_EVENTS = 200
 RELOAD_TIMEOUT_SECONDS = 5.0
+# Open requests get this long to finish when the daemon stops.
+HTTP_SHUTDOWN_SECONDS = 1.5
 
 
 class Daemon:
@@ -74,6 +77,8 @@ class Daemon:
         self._engine_task: asyncio.Task | None = None
         self._reload_task: asyncio.Task | None = None
         self._reload_again = False
+        self._reader = lifecycle.DeadlineReader()
+        self.listener: Listener | None = None
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
         self.remediator = None
@@ -157,6 +162,9 @@ class Daemon:
         self._version += 1
         if self.remediator is not None:
             self._extras["remediation"] = self.remediator.counters()
+        if self.listener is not None:
+            self._extras["http"] = {**self.listener.counters(), "logins_refused": dict(
+                self.guard.refused) if self.guard and self.guard.auth else None}
         self.snapshot = Snapshot(
             version=self._version,
             tick=tick,
@@ -235,16 +243,17 @@ class Daemon:
 
     async def reload(self) -> bool:
         """Validate the whole new configuration, then apply all of it or none of it."""
-        loop = asyncio.get_running_loop()
         try:
-            # The file is read on a thread, with a deadline: a slow or stuck filesystem must
-            # not stall sampling and serving (a FIFO is refused by the reader itself).
-            new, wc = await asyncio.wait_for(loop.run_in_executor(None, self._read),
-                                             RELOAD_TIMEOUT_SECONDS)
-            self._apply(new, wc)
-        except TimeoutError:
-            log.error("configuration reload rejected, nothing applied: reading %s took "
-                      "more than %ss", self.config_path, RELOAD_TIMEOUT_SECONDS)
+            # Every file is read on a daemon thread, with a deadline: a slow or stuck
+            # filesystem must not stall sampling and serving, nor exit (a FIFO is refused by
+            # the readers themselves).
+            new, wc, pipeline = await self._reader.run(self._read, RELOAD_TIMEOUT_SECONDS)
+            self._apply(new, wc, pipeline)
+        except (TimeoutError, lifecycle.StuckRead) as exc:
+            log.error("configuration reload rejected, nothing applied: reading %s, its "
+                      "threshold table and web config %s", self.config_path,
+                      f"took more than {RELOAD_TIMEOUT_SECONDS}s" if isinstance(
+                          exc, TimeoutError) else f"is still stuck: {exc}")
             return False
         except webconfig.WebConfigError as exc:
             log.error("web config reload rejected, nothing of the configuration applied "
@@ -257,23 +266,27 @@ class Daemon:
                  self.config_path or "the environment")
         return True
 
-    def _read(self) -> tuple[Config, webconfig.WebConfig | None]:
-        """The new configuration, and the web config file's new contents when it is kept
-        (a changed path needs a restart). Runs on a thread: both are file reads."""
+    def _read(self) -> tuple[Config, webconfig.WebConfig | None, Pipeline | None]:
+        """The new configuration, the web config file's new contents when it is kept (a
+        changed path needs a restart), and a new pipeline when signals or the threshold table
+        changed. Runs on a thread: all are file reads."""
         new = config_mod.load(self.config_path, overrides=self.overrides)
         wc = None
         if self.guard is not None and new.web_config and new.web_config == self.config.web_config:
             wc = webconfig.load(new.web_config)
-        return new, wc
+            self.guard.check_update(wc)
+        pipeline = None
+        if (new.signals, new.thresholds) != (self.config.signals, self.config.thresholds):
+            pipeline = Pipeline.from_config(new)
+        return new, wc, pipeline
 
-    def _apply(self, new: Config, wc: webconfig.WebConfig | None) -> None:
+    def _apply(self, new: Config, wc: webconfig.WebConfig | None,
+               pipeline: Pipeline | None = None) -> None:
         """Build and check everything the new configuration needs before changing anything;
         the remediator's reconfigure is itself all-or-nothing and the last step that can
         fail."""
         old = self.config
-        pipeline = self.pipeline
-        if (new.signals, new.thresholds) != (old.signals, old.thresholds):
-            pipeline = Pipeline.from_config(new)
+        pipeline = pipeline or self.pipeline
         engines_changed = (new.engines, new.discovery) != (old.engines, old.discovery)
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
@@ -298,7 +311,7 @@ class Daemon:
     def _reload_web(self, wc: webconfig.WebConfig) -> None:
         try:
             restart = self.guard.update(wc)
-        except (ssl.SSLError, OSError) as exc:  # a certificate replaced since it was read
+        except (ssl.SSLError, OSError, webconfig.WebConfigError) as exc:  # changed since read
             log.error("web config reload rejected, keeping the current one: %s", exc)
             return
         if restart:
@@ -369,13 +382,32 @@ class Daemon:
             self._events_log = None
 
     async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; the exit status. One daemon per state directory."""
+        try:
+            lock = await asyncio.to_thread(lifecycle.lock_state_dir, state_dir())
+        except lifecycle.StateDirBusy as exc:
+            log.error("%s", exc)
+            return exitcodes.USAGE
+        try:
+            return await self._run()
+        finally:
+            if lock is not None:
+                os.close(lock)
+
+    def _on_stop_signal(self) -> None:
+        if not self._stop.is_set():  # whatever hangs while stopping, the process ends
+            lifecycle.exit_after(lifecycle.STOP_DEADLINE_SECONDS, exitcodes.FAILURE)
+        self._stop.set()
+
+    async def _run(self) -> int:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
         try:
             if self.web is None and self.config.web_config:
                 self.web = webconfig.load(self.config.web_config)
             if self.web is not None:
-                self.guard = webconfig.Guard(self.web)
+                self.guard = webconfig.Guard(
+                    self.web, failures_per_minute=self.config.http.auth_failures_per_minute)
         except webconfig.WebConfigError as exc:
             log.error("%s", exc)
             return exitcodes.USAGE
@@ -396,12 +428,17 @@ class Daemon:
             tls = self.guard.context
         app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
                        guard=self.guard)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        http = self.config.http
+        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                               keepalive_timeout=http.idle_timeout_seconds,
+                               shutdown_timeout=HTTP_SHUTDOWN_SECONDS)
         await runner.setup()
-        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True,
-                           ssl_context=tls)
+        self.listener = Listener(runner.server, ssl_context=tls, limits=Limits(
+            http.max_connections, http.max_connections_per_client,
+            http.header_timeout_seconds, http.write_timeout_seconds),
+            refusals=self.guard.take_refusals if self.guard else None)
         try:
-            await site.start()
+            await self.listener.start(host, port)
         except OSError as exc:
             log.error("cannot listen on %s: %s", self.config.listen, exc.strerror or exc)
             await runner.cleanup()
@@ -413,7 +450,7 @@ class Daemon:
             log.warning("basic auth without tls_server_config: passwords cross the network "
                         "in clear")
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._on_stop_signal)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         tasks = []
         try:
@@ -429,8 +466,12 @@ class Daemon:
             for t in [*tasks, self._engine_task, self._reload_task]:
                 if t is not None:
                     t.cancel()
+            self.listener.stop_accepting()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
             await runner.cleanup()
+            self.listener.close_all()
+            if self.guard is not None and self.guard.auth is not None:
+                self.guard.auth.workers.close()
             await self.remediator.close()
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()

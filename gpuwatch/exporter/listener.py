@@ -1,0 +1,415 @@
+"""The listening sockets, guarded. gpuwatch accepts connections itself (asyncio's own accept
+loop logs a traceback per failed accept() and retries at once, which made a descriptor
+shortage into hundreds of megabytes of log), so that what a remote party holds open is
+bounded before a byte is parsed:
+
+- at most `max_connections` open, `max_connections_per_client` per client address; past the
+  cap, the connection that has been quiet longest (and is not being answered) is closed to
+  make room, or else the newcomer is;
+- the TLS handshake and the first request's headers must arrive within the header timeout;
+  an idle keep-alive connection is closed after the idle timeout (aiohttp's keep-alive), and
+  one whose response the client does not read after the write timeout;
+- descriptors are kept below RLIMIT_NOFILE for the daemon's own work (engine scrapes, probe
+  reads, snapshots, logs): the cap is lowered to fit, never the reserve;
+- an accept() that fails for lack of descriptors, and every refusal, is counted and logged
+  once per interval, not once per try.
+
+aiohttp parses HTTP; this only counts bytes and looks for the end of the first headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import resource
+import socket
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwatch.admission import client_key
+from gpuwatch.exporter.families.http import CLOSE_REASONS
+
+log = logging.getLogger("gpuwatch.http")
+
+RESERVED_FDS = 256
+BACKLOG = 256
+SWEEP_SECONDS = 0.5
+LOG_INTERVAL_SECONDS = 60.0
+ACCEPT_RETRY_SECONDS = 0.1
+# Closing connections still hold their descriptors: at most this many above the cap.
+CLOSING_SLACK = 32
+# How far from the quietest end a connection to close is looked for.
+EVICT_SCAN = 64
+# asyncio gives every TLS connection a 256 KiB read buffer at accept, before the handshake
+# (asyncio.sslproto.SSLProtocol.max_size, the most one read() returns): 1024 idle
+# connections were 280 MB. Two TLS records' worth reads just as well, in more calls.
+TLS_READ_BYTES = 32 * 1024
+_NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+@dataclass
+class Limits:
+    max_connections: int = 512
+    max_connections_per_client: int = 64
+    header_timeout_seconds: float = 10.0
+    write_timeout_seconds: float = 30.0
+
+
+@dataclass(eq=False)
+class _Conn:
+    sock: socket.socket
+    client: str
+    accepted: float
+    last_rx: float
+    transport: asyncio.Transport | None = None
+    headers_done: bool = False
+    tail: bytes = b""
+    stalled_since: float | None = None
+    closing: bool = False  # aborted: its descriptor is still open until asyncio lets go
+    closed: bool = False
+
+
+class _Protocol(asyncio.Protocol):
+    """Sits in front of aiohttp's protocol: notes activity, then hands everything on."""
+
+    def __init__(self, listener: Listener, conn: _Conn, inner: asyncio.Protocol) -> None:
+        self.listener, self.conn, self.inner = listener, conn, inner
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.conn.transport = transport  # type: ignore[assignment]
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.listener._received(self.conn, data)
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.listener._forget(self.conn)
+        self.inner.connection_lost(exc)
+
+
+@dataclass
+class _Tally:
+    """Counts since the last log line, and in all."""
+
+    total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CLOSE_REASONS, 0))
+    recent: dict[str, int] = field(default_factory=dict)
+    clients: dict[str, int] = field(default_factory=dict)
+    accept_errors: int = 0
+    recent_accept_errors: int = 0
+    last_error: str = ""
+
+
+class Listener:
+    def __init__(self, factory: Callable[[], asyncio.Protocol], *,
+                 ssl_context: ssl.SSLContext | None, limits: Limits,
+                 refusals: Callable[[], dict[str, int]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """factory: aiohttp's protocol factory (AppRunner.server). refusals: returns (and
+        resets) auth refusals per client, for the same periodic log line."""
+        self.factory = factory
+        self.ssl = ssl_context
+        self.limits = limits
+        self.refusals = refusals
+        self.clock = clock
+        self.cap = limits.max_connections
+        self._conns: OrderedDict[_Conn, None] = OrderedDict()  # least recently active first
+        self._per_client: dict[str, int] = {}
+        self._socks: list[socket.socket] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._tally = _Tally()
+        self._logged_at = -LOG_INTERVAL_SECONDS
+
+    # -- starting and stopping -------------------------------------------------------------
+    async def start(self, host: str, port: int) -> None:
+        """Bind and listen (host '' or None: every interface). Raises OSError."""
+        self.cap = descriptor_cap(self.limits.max_connections)
+        if self.ssl is not None:
+            _smaller_tls_buffers()
+        self._socks = bind(host or None, port)
+        for sock in self._socks:
+            self._spawn(self._accept_loop(sock))
+        self._spawn(self._sweep_loop())
+
+    @property
+    def sockets(self) -> list[socket.socket]:
+        return list(self._socks)
+
+    def stop_accepting(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for sock in self._socks:
+            sock.close()
+        self._socks = []
+
+    def close_all(self) -> None:
+        """Abort what is still open (after aiohttp's own shutdown had its chance), and log
+        what the last interval's line has not said yet."""
+        self.stop_accepting()
+        for conn in list(self._conns):
+            self._abort(conn)
+        self._logged_at = -LOG_INTERVAL_SECONDS
+        self._maybe_log()
+
+    def counters(self) -> dict[str, Any]:
+        return {"open": len(self._conns), "cap": self.cap, "closed": dict(self._tally.total),
+                "accept_errors": self._tally.accept_errors}
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- accepting ---------------------------------------------------------------------------
+    async def _accept_loop(self, lsock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, addr = await loop.sock_accept(lsock)
+            except OSError as exc:
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
+                    continue
+                self._tally.accept_errors += 1
+                self._tally.recent_accept_errors += 1
+                self._tally.last_error = os.strerror(exc.errno) if exc.errno else str(exc)
+                self._maybe_log()
+                if exc.errno in _NO_DESCRIPTORS:
+                    self._make_room()
+                await asyncio.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            self._admit(sock, addr)
+            # One accept per loop turn: closed connections let go of their descriptors in
+            # between, and a backlog of attackers cannot starve the loop.
+            await asyncio.sleep(0)
+
+    def _admit(self, sock: socket.socket, addr: Any) -> None:
+        now = self.clock()
+        client = client_key(addr[0] if isinstance(addr, tuple) else None)
+        if self._per_client.get(client, 0) >= self.limits.max_connections_per_client:
+            self._refuse(sock, "client_limit", client)
+            return
+        if len(self._conns) >= self.cap and not (
+                self._make_room() and len(self._conns) < self.cap + CLOSING_SLACK):
+            self._refuse(sock, "over_capacity", client)
+            return
+        conn = _Conn(sock=sock, client=client, accepted=now, last_rx=now)
+        self._conns[conn] = None
+        self._per_client[client] = self._per_client.get(client, 0) + 1
+        self._spawn(self._serve(conn))
+
+    async def _serve(self, conn: _Conn) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(
+                lambda: _Protocol(self, conn, self.factory()), conn.sock, ssl=self.ssl,
+                ssl_handshake_timeout=self.limits.header_timeout_seconds if self.ssl else None)
+        except OSError:  # ssl.SSLError and TimeoutError are OSErrors too
+            # A failed or slow handshake: asyncio closed the socket. Nothing to log per try.
+            self._forget(conn)
+        except BaseException:
+            self._forget(conn)
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+            raise
+
+    def _refuse(self, sock: socket.socket, reason: str, client: str) -> None:
+        with contextlib.suppress(OSError):
+            sock.close()
+        self._count(reason, client)
+
+    # -- per connection ------------------------------------------------------------------------
+    def _received(self, conn: _Conn, data: bytes) -> None:
+        conn.last_rx = self.clock()
+        if conn in self._conns:
+            self._conns.move_to_end(conn)
+        if not conn.headers_done:
+            seen = conn.tail + data
+            if b"\n\r\n" in seen or b"\n\n" in seen:
+                conn.headers_done, conn.tail = True, b""
+            else:
+                conn.tail = seen[-2:]
+
+    def _forget(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._conns.pop(conn, None)
+        left = self._per_client.get(conn.client, 0) - 1
+        if left > 0:
+            self._per_client[conn.client] = left
+        else:
+            self._per_client.pop(conn.client, None)
+
+    def _abort(self, conn: _Conn) -> None:
+        """Close now; it is counted until asyncio has closed its socket (_forget)."""
+        conn.closing = True
+        transport = conn.transport
+        if transport is not None:
+            transport.abort()
+        else:  # still in the TLS handshake, inside asyncio: end it from the socket's side
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+    def _writing(self, conn: _Conn) -> bool:
+        transport = conn.transport
+        return transport is not None and not transport.is_closing() and (
+            transport.get_write_buffer_size() > 0)
+
+    def _make_room(self) -> bool:
+        """Close the quietest connection that is not being answered, preferring one that
+        finished its handshake and has not sent a whole request (what an idle attacker
+        holds), then an idle keep-alive one, then one still in its handshake. The newest go
+        last, so a client that sends its request promptly keeps its connection however fast
+        others churn."""
+        best: tuple[int, _Conn] | None = None
+        for i, conn in enumerate(self._conns):
+            if i >= EVICT_SCAN:
+                break
+            if conn.closing or self._writing(conn):
+                continue
+            rank = 2 if conn.transport is None else 1 if conn.headers_done else 0
+            if best is None or rank < best[0]:
+                best = (rank, conn)
+                if rank == 0:
+                    break
+        if best is None:
+            return False
+        self._abort(best[1])
+        self._count("made_room", best[1].client)
+        return True
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            self.sweep()
+
+    def sweep(self) -> None:
+        now = self.clock()
+        deadline = now - self.limits.header_timeout_seconds
+        for conn in list(self._conns):
+            if conn.closing:
+                continue
+            if not conn.headers_done and conn.accepted < deadline:
+                self._abort(conn)
+                self._count("header_timeout", conn.client)
+            elif self._writing(conn):
+                if conn.stalled_since is None:
+                    conn.stalled_since = now
+                elif now - conn.stalled_since > self.limits.write_timeout_seconds:
+                    self._abort(conn)
+                    self._count("write_timeout", conn.client)
+            else:
+                conn.stalled_since = None
+        self._maybe_log()
+
+    # -- accounting ------------------------------------------------------------------------------
+    def _count(self, reason: str, client: str) -> None:
+        t = self._tally
+        t.total[reason] += 1
+        t.recent[reason] = t.recent.get(reason, 0) + 1
+        if len(t.clients) < 1000 or client in t.clients:
+            t.clients[client] = t.clients.get(client, 0) + 1
+
+    def _maybe_log(self) -> None:
+        """At most one line per interval, saying what was refused, closed or failed in it."""
+        now = self.clock()
+        if now - self._logged_at < LOG_INTERVAL_SECONDS:
+            return
+        t = self._tally
+        auth = self.refusals() if self.refusals else {}
+        if not (t.recent or t.recent_accept_errors or auth):
+            return
+        self._logged_at = now
+        parts = [f"{n} {reason.replace('_', ' ')}" for reason, n in sorted(t.recent.items())]
+        if parts:
+            parts = [f"connections closed: {', '.join(parts)}; top clients: "
+                     f"{_top(t.clients)}"]
+        if t.recent_accept_errors:
+            parts.append(f"accept() failed {t.recent_accept_errors} times "
+                         f"({t.last_error}; {len(self._conns)} open, cap {self.cap})")
+        if auth:
+            parts.append(f"{sum(auth.values())} logins refused; top clients: {_top(auth)}")
+        log.warning("http, since the last such line: %s", "; ".join(parts))  # one per interval
+        t.recent, t.clients, t.recent_accept_errors = {}, {}, 0
+
+
+def _top(counts: dict[str, int], n: int = 3) -> str:
+    best = sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{client or 'unknown'} ({k})" for client, k in best)
+
+
+def _smaller_tls_buffers() -> None:
+    from asyncio import sslproto
+
+    if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_BYTES:
+        sslproto.SSLProtocol.max_size = TLS_READ_BYTES
+
+
+def bind(host: str | None, port: int) -> list[socket.socket]:
+    """Listening sockets for every address of host (None: every interface), as asyncio's
+    create_server makes them: SO_REUSEADDR, IPv6 sockets IPv6-only. Raises OSError."""
+    infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:  # a family this host lacks (IPv6 turned off)
+                continue
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    if not socks:
+        raise OSError(errno.EAFNOSUPPORT, "no address to listen on")
+    return socks
+
+
+def descriptor_cap(wanted: int) -> int:
+    """How many client connections fit below RLIMIT_NOFILE with RESERVED_FDS (or half the
+    limit, when it is small) kept for the daemon's own files. The soft limit is raised
+    towards the hard one first, as far as the wanted connections need."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 64
+    need = wanted + RESERVED_FDS + in_use
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    reserve = min(RESERVED_FDS, soft // 2)
+    cap = max(1, min(wanted, soft - reserve - in_use))
+    if cap < wanted:
+        log.warning("http: at most %d connections, not max_connections = %d: the descriptor "
+                    "limit is %d and %d are kept for the daemon's own work (raise "
+                    "LimitNOFILE=, or ulimit -n)", cap, wanted, soft, reserve + in_use)
+    return cap
