@@ -433,10 +433,8 @@ class Daemon:
                                keepalive_timeout=http.idle_timeout_seconds,
                                shutdown_timeout=HTTP_SHUTDOWN_SECONDS)
         await runner.setup()
-        self.listener = Listener(runner.server, ssl_context=tls, limits=Limits(
-            http.max_connections, http.max_connections_per_client,
-            http.header_timeout_seconds, http.write_timeout_seconds),
-            refusals=self.guard.take_refusals if self.guard else None)
+        self.listener = Listener(runner.server, ssl_context=tls, limits=Limits.of(http),
+                                 refusals=self.guard.take_refusals if self.guard else None)
         try:
             await self.listener.start(host, port)
         except OSError as exc:
@@ -466,7 +464,7 @@ class Daemon:
             for t in [*tasks, self._engine_task, self._reload_task]:
                 if t is not None:
                     t.cancel()
-            self.listener.stop_accepting()
+            await self.listener.stop_accepting()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
             await runner.cleanup()
             self.listener.close_all()

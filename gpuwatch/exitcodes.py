@@ -2,7 +2,9 @@
 
 0   done (or stopped by SIGTERM/SIGINT)
 1   a runtime failure, or `gpuwatch check` found a failure
-2   misuse: a bad flag, argument or configuration; restarting cannot help
+2   misuse: a bad flag, argument or configuration, or another daemon still holding the state
+    directory after a 10 s wait (two daemons configured on one directory); restarting
+    cannot help
 75  a transient failure (EX_TEMPFAIL): the listen address is busy; a restart may succeed
 """
 

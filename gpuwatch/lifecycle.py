@@ -126,6 +126,11 @@ def exit_after(seconds: float, status: int) -> threading.Thread:
             log.error("still stopping after %.0f s: exiting now", seconds)
             for handler in logging.getLogger().handlers:
                 handler.flush()
+        with contextlib.suppress(Exception):  # the engine readers' processes go with it
+            import multiprocessing
+
+            for child in multiprocessing.active_children():
+                child.kill()
         os._exit(status)
 
     thread = threading.Thread(target=watchdog, name="gpuwatch-stop-deadline", daemon=True)

@@ -289,8 +289,8 @@ class BasicAuth:
         for name, h in self.users.items():
             if hmac.compare_digest(name.encode(), user):
                 hashed, known = h, True
-        return hashlib.sha256(b"\0".join((user, password, hashed))).digest(), known, password, \
-            hashed
+        key = hashlib.sha256(b"\0".join((user, password, hashed))).digest()
+        return key, known, password, hashed
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:

@@ -163,7 +163,7 @@ def test_idle_connections_leave_scrapes_engines_and_snapshots_working(daemon, pk
             assert stop_within(d, 15) == 0  # under the attack still
         finally:
             seen = attack.stop()
-        assert seen["closed_by_server"] > 600  # the attackers were cut off, again and again
+        assert seen["closed_by_server"] > 600 - cap  # cut off, again and again
     finally:
         engine.close()
 

@@ -4,8 +4,9 @@ shortage into hundreds of megabytes of log), so that what a remote party holds o
 bounded before a byte is parsed:
 
 - at most `max_connections` open, `max_connections_per_client` per client address; past the
-  cap, the connection that has been quiet longest (and is not being answered) is closed to
-  make room, or else the newcomer is;
+  cap, the client holding the most connections gives up its quietest idle one to a newcomer
+  from a client holding fewer, or else the newcomer is refused: a scraper that holds one
+  connection gets in however many others the attackers hold;
 - the TLS handshake and the first request's headers must arrive within the header timeout;
   an idle keep-alive connection is closed after the idle timeout (aiohttp's keep-alive), and
   one whose response the client does not read after the write timeout;
@@ -43,8 +44,10 @@ BACKLOG = 256
 SWEEP_SECONDS = 0.5
 LOG_INTERVAL_SECONDS = 60.0
 ACCEPT_RETRY_SECONDS = 0.1
-# Closing connections still hold their descriptors: at most this many above the cap.
-CLOSING_SLACK = 32
+ACCEPT_BATCH = 64
+# Closing connections still hold their descriptors: at most this many above the cap (less
+# than RESERVED_FDS, with room for a batch of accepts).
+CLOSING_SLACK = 96
 # How far from the quietest end a connection to close is looked for.
 EVICT_SCAN = 64
 # asyncio gives every TLS connection a 256 KiB read buffer at accept, before the handshake
@@ -60,6 +63,12 @@ class Limits:
     max_connections_per_client: int = 64
     header_timeout_seconds: float = 10.0
     write_timeout_seconds: float = 30.0
+
+    @classmethod
+    def of(cls, http: Any) -> Limits:
+        """From the configuration's [http] section."""
+        return cls(http.max_connections, http.max_connections_per_client,
+                   http.header_timeout_seconds, http.write_timeout_seconds)
 
 
 @dataclass(eq=False)
@@ -129,8 +138,9 @@ class Listener:
         self.refusals = refusals
         self.clock = clock
         self.cap = limits.max_connections
-        self._conns: OrderedDict[_Conn, None] = OrderedDict()  # least recently active first
-        self._per_client: dict[str, int] = {}
+        self._conns: set[_Conn] = set()  # every socket, closing ones until they are closed
+        # Per client, its connections not closing, least recently active first.
+        self._clients: dict[str, OrderedDict[_Conn, None]] = {}
         self._socks: list[socket.socket] = []
         self._tasks: set[asyncio.Task] = set()
         self._tally = _Tally()
@@ -151,9 +161,12 @@ class Listener:
     def sockets(self) -> list[socket.socket]:
         return list(self._socks)
 
-    def stop_accepting(self) -> None:
-        for task in list(self._tasks):
+    async def stop_accepting(self) -> None:
+        """Stop accepting, and end the TLS handshakes in progress."""
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for sock in self._socks:
             sock.close()
         self._socks = []
@@ -161,7 +174,6 @@ class Listener:
     def close_all(self) -> None:
         """Abort what is still open (after aiohttp's own shutdown had its chance), and log
         what the last interval's line has not said yet."""
-        self.stop_accepting()
         for conn in list(self._conns):
             self._abort(conn)
         self._logged_at = -LOG_INTERVAL_SECONDS
@@ -190,27 +202,36 @@ class Listener:
                 self._tally.last_error = os.strerror(exc.errno) if exc.errno else str(exc)
                 self._maybe_log()
                 if exc.errno in _NO_DESCRIPTORS:
-                    self._make_room()
+                    self._make_room(0)
                 await asyncio.sleep(ACCEPT_RETRY_SECONDS)
                 continue
             self._admit(sock, addr)
-            # One accept per loop turn: closed connections let go of their descriptors in
-            # between, and a backlog of attackers cannot starve the loop.
+            # The rest of the backlog at once, so that a client does not wait behind a queue
+            # of attackers in the kernel, then one loop turn: closed connections let go of
+            # their descriptors in between.
+            for _ in range(ACCEPT_BATCH):
+                try:
+                    sock, addr = lsock.accept()
+                except OSError:  # empty (BlockingIOError), or a failure sock_accept will see
+                    break
+                sock.setblocking(False)
+                self._admit(sock, addr)
             await asyncio.sleep(0)
 
     def _admit(self, sock: socket.socket, addr: Any) -> None:
         now = self.clock()
         client = client_key(addr[0] if isinstance(addr, tuple) else None)
-        if self._per_client.get(client, 0) >= self.limits.max_connections_per_client:
+        held = len(self._clients.get(client, ()))
+        if held >= self.limits.max_connections_per_client:
             self._refuse(sock, "client_limit", client)
             return
         if len(self._conns) >= self.cap and not (
-                self._make_room() and len(self._conns) < self.cap + CLOSING_SLACK):
+                self._make_room(held) and len(self._conns) < self.cap + CLOSING_SLACK):
             self._refuse(sock, "over_capacity", client)
             return
         conn = _Conn(sock=sock, client=client, accepted=now, last_rx=now)
-        self._conns[conn] = None
-        self._per_client[client] = self._per_client.get(client, 0) + 1
+        self._conns.add(conn)
+        self._clients.setdefault(client, OrderedDict())[conn] = None
         self._spawn(self._serve(conn))
 
     async def _serve(self, conn: _Conn) -> None:
@@ -236,8 +257,9 @@ class Listener:
     # -- per connection ------------------------------------------------------------------------
     def _received(self, conn: _Conn, data: bytes) -> None:
         conn.last_rx = self.clock()
-        if conn in self._conns:
-            self._conns.move_to_end(conn)
+        mine = self._clients.get(conn.client)
+        if mine is not None and conn in mine:
+            mine.move_to_end(conn)
         if not conn.headers_done:
             seen = conn.tail + data
             if b"\n\r\n" in seen or b"\n\n" in seen:
@@ -249,16 +271,20 @@ class Listener:
         if conn.closed:
             return
         conn.closed = True
-        self._conns.pop(conn, None)
-        left = self._per_client.get(conn.client, 0) - 1
-        if left > 0:
-            self._per_client[conn.client] = left
-        else:
-            self._per_client.pop(conn.client, None)
+        self._conns.discard(conn)
+        self._leave_client(conn)
+
+    def _leave_client(self, conn: _Conn) -> None:
+        mine = self._clients.get(conn.client)
+        if mine is not None:
+            mine.pop(conn, None)
+            if not mine:
+                del self._clients[conn.client]
 
     def _abort(self, conn: _Conn) -> None:
         """Close now; it is counted until asyncio has closed its socket (_forget)."""
         conn.closing = True
+        self._leave_client(conn)
         transport = conn.transport
         if transport is not None:
             transport.abort()
@@ -271,17 +297,22 @@ class Listener:
         return transport is not None and not transport.is_closing() and (
             transport.get_write_buffer_size() > 0)
 
-    def _make_room(self) -> bool:
-        """Close the quietest connection that is not being answered, preferring one that
-        finished its handshake and has not sent a whole request (what an idle attacker
-        holds), then an idle keep-alive one, then one still in its handshake. The newest go
-        last, so a client that sends its request promptly keeps its connection however fast
-        others churn."""
+    def _make_room(self, held: int) -> bool:
+        """For a newcomer whose client holds `held` connections: close one of the client
+        holding the most, if that is more, choosing its quietest connection not being
+        answered, and of those one that finished its handshake without sending a whole
+        request (what an idle attacker holds), then an idle keep-alive one, then one still
+        in its handshake."""
+        if not self._clients:
+            return False
+        mine = max(self._clients.values(), key=len)
+        if len(mine) <= held:
+            return False
         best: tuple[int, _Conn] | None = None
-        for i, conn in enumerate(self._conns):
+        for i, conn in enumerate(mine):
             if i >= EVICT_SCAN:
                 break
-            if conn.closing or self._writing(conn):
+            if self._writing(conn):
                 continue
             rank = 2 if conn.transport is None else 1 if conn.headers_done else 0
             if best is None or rank < best[0]:
@@ -290,8 +321,8 @@ class Listener:
                     break
         if best is None:
             return False
-        self._abort(best[1])
         self._count("made_room", best[1].client)
+        self._abort(best[1])
         return True
 
     async def _sweep_loop(self) -> None:
