@@ -67,7 +67,7 @@ def _sample(body: bytes, prefix: str) -> float | None:
 
 
 def run_one(repo: Path, work: Path, scenario, seconds: float, web: Path, ca: str,
-            engine_url: str) -> dict:
+            engine_url: str, label: str = "", keep_logs: Path | None = None) -> dict:
     port = free_port()
     cfg = work / f"gpuwatch-{port}.toml"
     cfg.write_text(f'[[engines]]\nname = "vllm"\nurl = "{engine_url}"\ninterval_seconds = 2\n')
@@ -120,6 +120,9 @@ def run_one(repo: Path, work: Path, scenario, seconds: float, web: Path, ca: str
         stop_s = "> 30 (killed)"
     seen = attack.stop(timeout=120) if attack else {}
     text = log.read_text(errors="replace")
+    if keep_logs:
+        keep_logs.mkdir(parents=True, exist_ok=True)
+        (keep_logs / f"{label}.log").write_text(text)
     lat.sort()
     return {
         "scrapes": len(lat), "outcome": outcome,
@@ -130,6 +133,7 @@ def run_one(repo: Path, work: Path, scenario, seconds: float, web: Path, ca: str
         "rss_mb_max": round(max(rss, default=rss0) / 2**20, 1),
         "log_bytes_per_minute": round(log_bytes / elapsed * 60),
         "tracebacks": text.count("Traceback"),
+        "first_traceback": text[text.find("Traceback"):][:3000] if "Traceback" in text else "",
         "accept_out_of_resource_lines": text.count("out of system resource"),
         "engine_scrape_errors": None if engine_errors is None
         else engine_errors - engine_errors0,
@@ -147,6 +151,7 @@ def main() -> None:
     ap.add_argument("--flood-seconds", type=float, default=150)
     ap.add_argument("--only", nargs="*", choices=list(SCENARIOS), default=list(SCENARIOS))
     ap.add_argument("--json")
+    ap.add_argument("--keep-logs", type=Path, help="copy each daemon's log here")
     args = ap.parse_args()
     builds = {"after": REPO, **({"before": args.before.resolve()} if args.before else {})}
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,7 +173,7 @@ def main() -> None:
                     seconds = args.flood_seconds if name.startswith("flood") else args.seconds
                     results.setdefault(name, {})[build] = run_one(
                         repo, work, SCENARIOS[name], seconds, web, str(ca.crt),
-                        engine.url + "/metrics")
+                        engine.url + "/metrics", f"{name}-{build}", args.keep_logs)
         finally:
             engine.close()
     emit({"machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} vCPU, Python "

@@ -247,8 +247,8 @@ class Daemon:
             # Every file is read on a daemon thread, with a deadline: a slow or stuck
             # filesystem must not stall sampling and serving, nor exit (a FIFO is refused by
             # the readers themselves).
-            new, wc, pipeline = await self._reader.run(self._read, RELOAD_TIMEOUT_SECONDS)
-            self._apply(new, wc, pipeline)
+            new, web_update, pipeline = await self._reader.run(self._read, RELOAD_TIMEOUT_SECONDS)
+            self._apply(new, web_update, pipeline)
         except (TimeoutError, lifecycle.StuckRead) as exc:
             log.error("configuration reload rejected, nothing applied: reading %s, its "
                       "threshold table and web config %s", self.config_path,
@@ -266,21 +266,22 @@ class Daemon:
                  self.config_path or "the environment")
         return True
 
-    def _read(self) -> tuple[Config, webconfig.WebConfig | None, Pipeline | None]:
-        """The new configuration, the web config file's new contents when it is kept (a
-        changed path needs a restart), and a new pipeline when signals or the threshold table
-        changed. Runs on a thread: all are file reads."""
+    def _read(self) -> tuple[Config, tuple | None, Pipeline | None]:
+        """The new configuration; the web config file's new contents and TLS context when it
+        is kept (a changed path needs a restart); a new pipeline when signals or the threshold
+        table changed. Runs on a thread: all are file reads."""
         new = config_mod.load(self.config_path, overrides=self.overrides)
-        wc = None
+        web_update = None
         if self.guard is not None and new.web_config and new.web_config == self.config.web_config:
             wc = webconfig.load(new.web_config)
             self.guard.check_update(wc)
+            web_update = wc, webconfig.ssl_context(wc)
         pipeline = None
         if (new.signals, new.thresholds) != (self.config.signals, self.config.thresholds):
             pipeline = Pipeline.from_config(new)
-        return new, wc, pipeline
+        return new, web_update, pipeline
 
-    def _apply(self, new: Config, wc: webconfig.WebConfig | None,
+    def _apply(self, new: Config, web_update: tuple | None,
                pipeline: Pipeline | None = None) -> None:
         """Build and check everything the new configuration needs before changing anything;
         the remediator's reconfigure is itself all-or-nothing and the last step that can
@@ -305,15 +306,17 @@ class Daemon:
             if self.attribution is not None:
                 self.attribution.close()
             self.attribution = make_attribution(new, self.backend, self.sources)
-        if wc is not None:
-            self._reload_web(wc)
+        if web_update is not None:
+            self._reload_web(*web_update)
 
-    def _reload_web(self, wc: webconfig.WebConfig) -> None:
+    def _reload_web(self, wc: webconfig.WebConfig, context: ssl.SSLContext | None) -> None:
         try:
-            restart = self.guard.update(wc)
+            restart = self.guard.update(wc, context)
         except (ssl.SSLError, OSError, webconfig.WebConfigError) as exc:  # changed since read
             log.error("web config reload rejected, keeping the current one: %s", exc)
             return
+        if self.listener is not None:
+            self.listener.ssl = self.guard.context
         if restart:
             log.warning("web config: %s changes need a restart", ", ".join(restart))
         else:
@@ -468,8 +471,8 @@ class Daemon:
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
             await runner.cleanup()
             self.listener.close_all()
-            if self.guard is not None and self.guard.auth is not None:
-                self.guard.auth.workers.close()
+            if self.guard is not None:
+                self.guard.close()
             await self.remediator.close()
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()

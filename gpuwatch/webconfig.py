@@ -332,7 +332,9 @@ class Guard:
                  failures_per_minute: float = AUTH_FAILURES_PER_MINUTE) -> None:
         self.bearer = frozenset(bearer_paths)
         self.wc = wc
-        self.auth = BasicAuth(wc.users) if wc.users else None
+        # One bcrypt queue for the daemon's life: a reload does not reset who waits.
+        self.workers = admission.BoundedWorkers(BCRYPT_CONCURRENCY, BCRYPT_QUEUE, "bcrypt")
+        self.auth = BasicAuth(wc.users, self.workers) if wc.users else None
         self.context = ssl_context(wc)
         self.budget = admission.FailureBudget(failures_per_minute, AUTH_FAILURE_BURST)
         self.refused: dict[str, int] = {"unauthorized": 0, "rate_limited": 0, "busy": 0}
@@ -347,8 +349,10 @@ class Guard:
                                  "turn basic auth off; refused on reload (restart gpuwatch "
                                  "with this file to serve without basic auth)")
 
-    def update(self, wc: WebConfig) -> list[str]:
-        """Take what can change while serving; returns what needs a restart instead."""
+    def update(self, wc: WebConfig, context: ssl.SSLContext | None = None) -> list[str]:
+        """Take what can change while serving; returns what needs a restart instead. context:
+        ssl_context(wc) made beforehand (off the event loop), to serve new connections with
+        instead of loading the new certificate into the current one."""
         self.check_update(wc)
         old = self.wc.tls
         new = wc.tls
@@ -359,12 +363,16 @@ class Guard:
             restart.append("tls_server_config (other than cert_file/key_file)")
         elif new is not None and self.context is not None:
             # New connections get the new certificate; open ones keep theirs.
-            self.context.load_cert_chain(new.cert_file, new.key_file)
+            if context is not None:
+                self.context = context
+            else:
+                self.context.load_cert_chain(new.cert_file, new.key_file)
         self.wc = wc
-        if self.auth is not None:
-            self.auth.workers.close()
-        self.auth = BasicAuth(wc.users) if wc.users else None
+        self.auth = BasicAuth(wc.users, self.workers) if wc.users else None
         return restart
+
+    def close(self) -> None:
+        self.workers.close()
 
     def take_refusals(self) -> dict[str, int]:
         """Refusals per client since the last call (the rate-limited log line's detail)."""

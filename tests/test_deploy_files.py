@@ -198,7 +198,7 @@ def test_systemd_unit_fits_the_documented_install():
 
 def test_systemd_unit_gives_the_connection_cap_and_the_reserve_their_descriptors():
     from gpuwatch.config import HttpConfig
-    from gpuwatch.exporter.listener import RESERVED_FDS
+    from gpuwatch.exporter.sockets import RESERVED_FDS
 
     limit = int(unit()["LimitNOFILE"][0])
     # With room for what the daemon itself holds open (threads, NVML, logs: ~50).

@@ -25,7 +25,6 @@ import contextlib
 import errno
 import logging
 import os
-import resource
 import socket
 import ssl
 import time
@@ -36,11 +35,10 @@ from typing import Any
 
 from gpuwatch.admission import client_key
 from gpuwatch.exporter.families.http import CLOSE_REASONS
+from gpuwatch.exporter.sockets import bind, descriptor_cap, smaller_tls_buffers
 
 log = logging.getLogger("gpuwatch.http")
 
-RESERVED_FDS = 256
-BACKLOG = 256
 SWEEP_SECONDS = 0.5
 LOG_INTERVAL_SECONDS = 60.0
 ACCEPT_RETRY_SECONDS = 0.1
@@ -50,10 +48,6 @@ ACCEPT_BATCH = 64
 CLOSING_SLACK = 96
 # How far from the quietest end a connection to close is looked for.
 EVICT_SCAN = 64
-# asyncio gives every TLS connection a 256 KiB read buffer at accept, before the handshake
-# (asyncio.sslproto.SSLProtocol.max_size, the most one read() returns): 1024 idle
-# connections were 280 MB. Two TLS records' worth reads just as well, in more calls.
-TLS_READ_BYTES = 32 * 1024
 _NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -145,13 +139,14 @@ class Listener:
         self._tasks: set[asyncio.Task] = set()
         self._tally = _Tally()
         self._logged_at = -LOG_INTERVAL_SECONDS
+        self._bugs: set[str] = set()
 
     # -- starting and stopping -------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
         """Bind and listen (host '' or None: every interface). Raises OSError."""
         self.cap = descriptor_cap(self.limits.max_connections)
         if self.ssl is not None:
-            _smaller_tls_buffers()
+            smaller_tls_buffers()
         self._socks = bind(host or None, port)
         for sock in self._socks:
             self._spawn(self._accept_loop(sock))
@@ -205,7 +200,7 @@ class Listener:
                     self._make_room(0)
                 await asyncio.sleep(ACCEPT_RETRY_SECONDS)
                 continue
-            self._admit(sock, addr)
+            self._admit_safely(sock, addr)
             # The rest of the backlog at once, so that a client does not wait behind a queue
             # of attackers in the kernel, then one loop turn: closed connections let go of
             # their descriptors in between.
@@ -215,8 +210,21 @@ class Listener:
                 except OSError:  # empty (BlockingIOError), or a failure sock_accept will see
                     break
                 sock.setblocking(False)
-                self._admit(sock, addr)
+                self._admit_safely(sock, addr)
             await asyncio.sleep(0)
+
+    def _admit_safely(self, sock: socket.socket, addr: Any) -> None:
+        try:
+            self._admit(sock, addr)
+        except Exception:  # a bug here must not stop the accept loop, nor flood the log
+            with contextlib.suppress(OSError):
+                sock.close()
+            self._bug("admitting a connection")
+
+    def _bug(self, what: str) -> None:
+        if what not in self._bugs:
+            self._bugs.add(what)
+            log.exception("http: %s failed (logged once)", what)
 
     def _admit(self, sock: socket.socket, addr: Any) -> None:
         now = self.clock()
@@ -243,11 +251,13 @@ class Listener:
         except OSError:  # ssl.SSLError and TimeoutError are OSErrors too
             # A failed or slow handshake: asyncio closed the socket. Nothing to log per try.
             self._forget(conn)
-        except BaseException:
+        except BaseException as exc:
             self._forget(conn)
             with contextlib.suppress(OSError):
                 conn.sock.close()
-            raise
+            if not isinstance(exc, Exception):  # cancelled: stopping
+                raise
+            self._bug("setting up a connection")  # not "Task exception was never retrieved"
 
     def _refuse(self, sock: socket.socket, reason: str, client: str) -> None:
         with contextlib.suppress(OSError):
@@ -328,7 +338,10 @@ class Listener:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
-            self.sweep()
+            try:
+                self.sweep()
+            except Exception:
+                self._bug("the connection sweep")
 
     def sweep(self) -> None:
         now = self.clock()
@@ -383,64 +396,3 @@ class Listener:
 def _top(counts: dict[str, int], n: int = 3) -> str:
     best = sorted(counts.items(), key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{client or 'unknown'} ({k})" for client, k in best)
-
-
-def _smaller_tls_buffers() -> None:
-    from asyncio import sslproto
-
-    if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_BYTES:
-        sslproto.SSLProtocol.max_size = TLS_READ_BYTES
-
-
-def bind(host: str | None, port: int) -> list[socket.socket]:
-    """Listening sockets for every address of host (None: every interface), as asyncio's
-    create_server makes them: SO_REUSEADDR, IPv6 sockets IPv6-only. Raises OSError."""
-    infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)
-    socks: list[socket.socket] = []
-    try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            try:
-                sock = socket.socket(family, kind, proto)
-            except OSError:  # a family this host lacks (IPv6 turned off)
-                continue
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-            sock.listen(BACKLOG)
-            sock.setblocking(False)
-    except OSError:
-        for sock in socks:
-            sock.close()
-        raise
-    if not socks:
-        raise OSError(errno.EAFNOSUPPORT, "no address to listen on")
-    return socks
-
-
-def descriptor_cap(wanted: int) -> int:
-    """How many client connections fit below RLIMIT_NOFILE with RESERVED_FDS (or half the
-    limit, when it is small) kept for the daemon's own files. The soft limit is raised
-    towards the hard one first, as far as the wanted connections need."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        in_use = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        in_use = 64
-    need = wanted + RESERVED_FDS + in_use
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    reserve = min(RESERVED_FDS, soft // 2)
-    cap = max(1, min(wanted, soft - reserve - in_use))
-    if cap < wanted:
-        log.warning("http: at most %d connections, not max_connections = %d: the descriptor "
-                    "limit is %d and %d are kept for the daemon's own work (raise "
-                    "LimitNOFILE=, or ulimit -n)", cap, wanted, soft, reserve + in_use)
-    return cap

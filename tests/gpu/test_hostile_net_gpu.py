@@ -21,8 +21,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.gpu.test_remediation_gpu import _torch_cuda
 from tests.helpers import child_env, wait_until
 from tests.hostile_clients import Attack, Scraper
+from tests.test_fault_campaign_net import sample as _series
 from tests.test_remediation_webhook import alert, payload
 from tests.tls_certs import CA
 
@@ -42,21 +44,6 @@ assert gpuwatch.probe.current() is not None
 print("ready", flush=True)
 time.sleep(600)
 """
-
-
-def _torch_cuda() -> bool:
-    res = subprocess.run([sys.executable, "-c",
-                          "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
-                         capture_output=True, timeout=120)
-    return res.returncode == 0
-
-
-def _series(body: bytes, name: str, **labels: str) -> float | None:
-    for fam in text_string_to_metric_families(body.decode()):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return None
 
 
 def test_probe_reads_and_snapshots_go_on_under_idle_connections(daemon, tmp_path):
