@@ -87,17 +87,19 @@ class BoundedWorkers:
         self.max_waiting = max_waiting
         self.name = name
         self._running = 0
-        self._clean: deque[asyncio.Future] = deque()
-        self._suspect: deque[asyncio.Future] = deque()
+        # (client, future) of each caller waiting for a thread, in order.
+        self._clean: deque[tuple[str, asyncio.Future]] = deque()
+        self._suspect: deque[tuple[str, asyncio.Future]] = deque()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
     def waiting(self) -> int:
         return len(self._clean) + len(self._suspect)
 
-    async def run(self, fn: Callable[..., Any], *args: Any, clean: bool = True) -> Any:
+    async def run(self, fn: Callable[..., Any], *args: Any, clean: bool = True,
+                  client: str = "") -> Any:
         if self._running >= self.workers or self.waiting:
-            await self._wait_turn(clean)
+            await self._wait_turn(clean, client)
         else:
             self._running += 1
         try:
@@ -108,28 +110,42 @@ class BoundedWorkers:
         finally:
             self._release()
 
-    async def _wait_turn(self, clean: bool) -> None:
-        if self.waiting >= self.max_waiting:
-            if not (clean and self._suspect):
-                raise Busy
-            bumped = self._suspect.pop()
-            bumped.set_exception(Busy())
+    def demote(self, client: str) -> None:
+        """The client has just failed: its callers still waiting go behind the clean ones."""
+        stay = deque()
+        for item in self._clean:
+            (self._suspect if item[0] == client else stay).append(item)
+        self._clean = stay
+
+    async def _wait_turn(self, clean: bool, client: str) -> None:
+        if self.waiting >= self.max_waiting and not (clean and self._bump()):
+            raise Busy
         fut = asyncio.get_running_loop().create_future()
-        queue = self._clean if clean else self._suspect
-        queue.append(fut)
+        item = (client, fut)
+        (self._clean if clean else self._suspect).append(item)
         try:
             await fut  # _release hands its thread over: _running already counts this one
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self._release()  # handed over just as the caller went away
-            elif fut in queue:
-                queue.remove(fut)
+            for queue in (self._clean, self._suspect):
+                if item in queue:
+                    queue.remove(item)
             raise
+
+    def _bump(self) -> bool:
+        """Turn away the newest waiting caller that is not clean; False when there is none."""
+        while self._suspect:
+            _, fut = self._suspect.pop()
+            if not fut.done():
+                fut.set_exception(Busy())
+                return True
+        return False
 
     def _release(self) -> None:
         for queue in (self._clean, self._suspect):
             while queue:
-                fut = queue.popleft()
+                _, fut = queue.popleft()
                 if not fut.done():
                     fut.set_result(None)
                     return

@@ -44,8 +44,8 @@ log = logging.getLogger("gpuwatch")
 
 RECENT_EVENTS = 200
 RELOAD_TIMEOUT_SECONDS = 5.0
-# Open requests get this long to finish when the daemon stops.
-HTTP_SHUTDOWN_SECONDS = 1.5
+# Open requests get this long to finish when the daemon stops (aiohttp waits it twice).
+HTTP_SHUTDOWN_SECONDS = 0.5
 
 
 class Daemon:

@@ -51,8 +51,17 @@ UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
 UNSUPPORTED_TLS_KEYS = ("cipher_suites", "curve_preferences", "prefer_server_cipher_suites",
                         "client_allowed_sans", "cert", "key", "client_ca")
 _BCRYPT_HASH = re.compile(rb"\$2[aby]?\$\d\d\$[./A-Za-z0-9]{53}")
-# Checked for unknown users, so that a wrong name costs as long as a wrong password.
+_BCRYPT_COST = re.compile(rb"\$2[aby]?\$(\d\d)\$")
+# Checked for unknown users, so that a wrong name costs as long as a wrong password: at the
+# cost of the dearest configured hash (dummy_hash), else a cheap unknown name would tell.
 _DUMMY_HASH = b"$2b$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+
+
+def dummy_hash(users: dict[str, bytes]) -> bytes:
+    """_DUMMY_HASH with the highest cost among the users' hashes ($2b$CC$...)."""
+    costs = [int(m.group(1)) for h in users.values() if (m := _BCRYPT_COST.match(h))]
+    cost = max(costs, default=int(_DUMMY_HASH[4:6]))
+    return b"$2b$%02d$" % cost + _DUMMY_HASH[7:]
 AUTH_CACHE_ENTRIES = 256
 # bcrypt runs on threads, at most this many at once and never on more than half the cores:
 # a flood of wrong passwords costs CPU time, never the event loop or every core. At cost 12
@@ -244,6 +253,7 @@ class BasicAuth:
     def __init__(self, users: dict[str, bytes],
                  workers: admission.BoundedWorkers | None = None) -> None:
         self.users = dict(users)
+        self._dummy = dummy_hash(self.users)
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         self._failed: OrderedDict[bytes, None] = OrderedDict()
         self.workers = workers or admission.BoundedWorkers(
@@ -255,9 +265,10 @@ class BasicAuth:
         except admission.Busy:
             return False
 
-    async def verify(self, header: str, *, clean: bool = True) -> bool:
+    async def verify(self, header: str, *, clean: bool = True, client: str = "") -> bool:
         """True for a right credential; raises admission.Busy when bcrypt's queue is full
-        (clean: the caller has no failed login on record, and waits ahead of those who do)."""
+        (clean: the caller's client has no failed login on record, and waits ahead of those
+        that have)."""
         found = self._key(header)
         if found is None:
             return False
@@ -268,7 +279,7 @@ class BasicAuth:
         if key in self._failed:
             self._failed.move_to_end(key)
             return False
-        ok = await self.workers.run(_checkpw, password, hashed, clean=clean)
+        ok = await self.workers.run(_checkpw, password, hashed, clean=clean, client=client)
         cache = self._ok if ok and known else self._failed
         cache[key] = None
         while len(cache) > AUTH_CACHE_ENTRIES:
@@ -285,7 +296,7 @@ class BasicAuth:
         if creds is None:
             return None
         user, password = creds[0].encode(), creds[1].encode()
-        hashed, known = _DUMMY_HASH, False
+        hashed, known = self._dummy, False
         for name, h in self.users.items():
             if hmac.compare_digest(name.encode(), user):
                 hashed, known = h, True
@@ -401,12 +412,13 @@ class Guard:
                                     "429 Too Many Requests: too many failed logins from this "
                                     "address\n", {"Retry-After": str(math.ceil(wait))})
             try:
-                ok = await auth.verify(header, clean=self.budget.clean(client))
+                ok = await auth.verify(header, clean=self.budget.clean(client), client=client)
             except admission.Busy:
                 return self._refuse(client, "busy", 503, "503 Service Unavailable: too many "
                                     "logins being checked\n", {"Retry-After": "1"})
             if not ok:
                 self.budget.failed(client)
+                self.workers.demote(client)
                 return self._refuse(client, "unauthorized", 401,
                                     "401 Unauthorized: basic auth required\n",
                                     {"WWW-Authenticate": 'Basic realm="gpuwatch"'})

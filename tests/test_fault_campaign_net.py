@@ -125,8 +125,6 @@ def test_idle_connections_leave_scrapes_engines_and_snapshots_working(daemon, pk
         body = wait_until(lambda: (lambda b: b if sample(
             b, "gpuwatch_engine_up", engine="vllm") == 1 else None)(d.scraper.get()[2]), 30,
             what="the engine scraped")
-        cap = sample(body, "gpuwatch_http_connections_max")
-        assert cap and cap < 512 - 200  # lowered to keep descriptors for the daemon's work
         rss0, log0 = rss_mb(d), len(d.output())
         # More half-sent TLS requests than the descriptor limit, from 16 hosts, re-opened as
         # fast as they are closed.
@@ -142,6 +140,8 @@ def test_idle_connections_leave_scrapes_engines_and_snapshots_working(daemon, pk
                 time.sleep(1)
             assert sample(body, "gpuwatch_engine_up", engine="vllm") == 1
             assert engine_seen[-1] > engine_seen[0] + 5  # engine scrapes went on
+            cap = sample(body, "gpuwatch_http_connections_max")
+            assert cap < 512 - 200  # lowered to keep descriptors for the daemon's own work
             uuid = json.loads(d.scraper.get("/api/state")[2])["sample"]["gpus"][0]["uuid"]
             a = alert(fingerprint="under-attack", uuid=uuid, name="GpuwatchGpuMemoryCritical")
             del a["labels"]["pid"], a["labels"]["process"]
@@ -252,18 +252,17 @@ def test_wrong_credentials_never_evict_a_right_one(monkeypatch):
     real = webconfig._checkpw
     monkeypatch.setattr(webconfig, "_checkpw", lambda p, h: calls.append(p) or real(p, h))
     cheap = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=4))  # cost 4: a quick flood
-    monkeypatch.setattr(webconfig, "_DUMMY_HASH", bcrypt.hashpw(b"x", bcrypt.gensalt(4)))
     auth = webconfig.BasicAuth({"known": cheap})
 
     def basic(user, password):
         return Scraper("h:1", user, password, None).auth
 
     async def go():
-        assert await auth.verify(basic("known", "right"))
+        assert await auth.check(basic("known", "right"))
         for i in range(2 * webconfig.AUTH_CACHE_ENTRIES):  # unknown users, wrong passwords
-            assert not await auth.verify(basic("known" if i % 2 else f"nobody{i}", f"w{i}"))
+            assert not await auth.check(basic("known" if i % 2 else f"nobody{i}", f"w{i}"))
         n = len(calls)
-        assert await auth.verify(basic("known", "right"))
+        assert await auth.check(basic("known", "right"))
         return len(calls) - n
     assert asyncio.run(go()) == 0  # still cached: no bcrypt
 
@@ -271,8 +270,7 @@ def test_wrong_credentials_never_evict_a_right_one(monkeypatch):
 # -- item 9: non-ASCII credentials ------------------------------------------------------------
 
 def test_non_ascii_authorization_is_401_in_one_piece(daemon, pki, tmp_path):
-    d = start(daemon, pki, tmp_path, "[http]\nauth_failures_per_minute = 0\n"
-                                     f"[webhook]\ntoken = \"{TOKEN}\"\n", tls=False)
+    d = start(daemon, pki, tmp_path, f"[webhook]\ntoken = \"{TOKEN}\"\n", tls=False)
     host, port = d.address.rsplit(":", 1)
     headers = [b"Basic \xff\xfe\xfd", "Basic é".encode(), b"Basic \xc3\xa9==",
                b"Basic " + __import__("base64").b64encode(b"\xff\xfe:\x80"),
@@ -286,7 +284,8 @@ def test_non_ascii_authorization_is_401_in_one_piece(daemon, pki, tmp_path):
                     s.sendall(method + b" " + path + b" HTTP/1.1\r\nHost: x\r\n"
                               b"Content-Length: 0\r\nAuthorization: " + h + b"\r\n\r\n")
                     status = s.recv(64).split(b" ")[1]
-                    assert status in (b"400", b"401"), (path, h, status)
+                    # 429: this address is past its budget of failed logins
+                    assert status in (b"400", b"401", b"429"), (path, h, status)
     out = d.output()[log0:]
     assert not log_problems(out), out[:2000]
     assert len(out.splitlines()) <= 2  # one rate-limited line at most, not one per request
@@ -326,11 +325,13 @@ def test_sighup_cannot_turn_basic_auth_off(daemon, pki, tmp_path):
     cfg.write_text("[nvml]\nslow_interval_seconds = 31\n")
     d.web.write_text("basic_auth_users: {}\n")
     d.proc.send_signal(signal.SIGHUP)
-    wait_until(lambda: "refused on reload" in d.output(), 15, what="the reload refused")
+    wait_until(lambda: "configuration reload" in d.output() or "web config reload" in
+               d.output(), 15, what="the reload's outcome")
     anonymous = Scraper(d.address, "", "", None)
     anonymous.auth = ""
     assert anonymous.get()[0] == 401
     assert d.scraper.get()[0] == 200
+    assert "refused on reload" in d.output()
     # All or nothing: the TOML's change was not applied either.
     state = json.loads(d.scraper.get("/api/state")[2])
     assert state["config"]["nvml"]["slow_interval_seconds"] == 30

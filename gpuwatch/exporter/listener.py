@@ -140,6 +140,7 @@ class Listener:
         self._tally = _Tally()
         self._logged_at = -LOG_INTERVAL_SECONDS
         self._bugs: set[str] = set()
+        self._retries: dict[int, asyncio.TimerHandle] = {}
 
     # -- starting and stopping -------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
@@ -149,7 +150,7 @@ class Listener:
             smaller_tls_buffers()
         self._socks = bind(host or None, port)
         for sock in self._socks:
-            self._spawn(self._accept_loop(sock))
+            self._listen(sock)
         self._spawn(self._sweep_loop())
 
     @property
@@ -158,6 +159,11 @@ class Listener:
 
     async def stop_accepting(self) -> None:
         """Stop accepting, and end the TLS handshakes in progress."""
+        loop = asyncio.get_running_loop()
+        for sock in self._socks:
+            loop.remove_reader(sock.fileno())
+        for handle in self._retries.values():
+            handle.cancel()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -184,34 +190,43 @@ class Listener:
         task.add_done_callback(self._tasks.discard)
 
     # -- accepting ---------------------------------------------------------------------------
-    async def _accept_loop(self, lsock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
+    # A reader callback, not loop.sock_accept(): in Python 3.11 a sock_accept() cancelled at
+    # the wrong moment still accepts a connection, loses it and logs a traceback.
+    def _listen(self, lsock: socket.socket) -> None:
+        self._retries.pop(lsock.fileno(), None)
+        asyncio.get_running_loop().add_reader(lsock.fileno(), self._accept_ready, lsock)
+
+    def _accept_ready(self, lsock: socket.socket) -> None:
+        """The backlog at once (up to a batch), so that a client does not wait behind a
+        queue of attackers in the kernel; the next batch on the next loop turn, after closed
+        connections have let go of their descriptors."""
+        for _ in range(ACCEPT_BATCH):
             try:
-                sock, addr = await loop.sock_accept(lsock)
+                sock, addr = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError as exc:
-                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
-                self._tally.accept_errors += 1
-                self._tally.recent_accept_errors += 1
-                self._tally.last_error = os.strerror(exc.errno) if exc.errno else str(exc)
-                self._maybe_log()
-                if exc.errno in _NO_DESCRIPTORS:
-                    self._make_room(0)
-                await asyncio.sleep(ACCEPT_RETRY_SECONDS)
-                continue
+                self._accept_failed(lsock, exc)
+                return
+            sock.setblocking(False)
             self._admit_safely(sock, addr)
-            # The rest of the backlog at once, so that a client does not wait behind a queue
-            # of attackers in the kernel, then one loop turn: closed connections let go of
-            # their descriptors in between.
-            for _ in range(ACCEPT_BATCH):
-                try:
-                    sock, addr = lsock.accept()
-                except OSError:  # empty (BlockingIOError), or a failure sock_accept will see
-                    break
-                sock.setblocking(False)
-                self._admit_safely(sock, addr)
-            await asyncio.sleep(0)
+
+    def _accept_failed(self, lsock: socket.socket, exc: OSError) -> None:
+        """Counted, logged once per interval, and retried a little later (the socket stays
+        readable: retrying at once would spin)."""
+        t = self._tally
+        t.accept_errors += 1
+        t.recent_accept_errors += 1
+        t.last_error = os.strerror(exc.errno) if exc.errno else str(exc)
+        self._maybe_log()
+        if exc.errno in _NO_DESCRIPTORS:
+            self._make_room(0)
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(lsock.fileno())
+        self._retries[lsock.fileno()] = loop.call_later(ACCEPT_RETRY_SECONDS, self._listen,
+                                                        lsock)
 
     def _admit_safely(self, sock: socket.socket, addr: Any) -> None:
         try:
