@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
-import yaml
-from aiohttp import web
 
 from gpuwatch import admission
+from gpuwatch.exporter import server
 from gpuwatch.tomlfile import explain, read_regular
 
 log = logging.getLogger(__name__)
@@ -148,6 +147,8 @@ def load(path: str | Path) -> WebConfig:
 
 
 def _read_yaml(path: Path, fail: Callable[[str, str], WebConfigError]) -> object:
+    import yaml  # only a host with a web configuration file reads YAML
+
     try:  # a FIFO or a device is refused before anything is read: a reload never blocks
         data = read_regular(path, MAX_FILE_BYTES)
     except OSError as exc:
@@ -325,11 +326,11 @@ def _parse_basic(header: str) -> tuple[str, str] | None:
     return (user, password) if sep else None
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[server.Request], Awaitable[server.Response]]
 
 
 class Guard:
-    """Basic auth and the configured headers on every route, present and future, as an aiohttp
+    """Basic auth and the configured headers on every route, present and future, as a
     middleware; TLS is the listening site's context. Paths in bearer_paths (the Alertmanager
     webhook) may instead carry a bearer token, which their handler checks: Alertmanager sends
     one credential, not two. update() takes a reloaded file (SIGHUP): users, headers, and a
@@ -391,16 +392,15 @@ class Guard:
         return out
 
     def _refuse(self, client: str, reason: str, status: int, text: str,
-                headers: dict[str, str]) -> web.Response:
+                headers: dict[str, str]) -> server.Response:
         self.refused[reason] += 1
         if len(self.refused_by) < 1000 or client in self.refused_by:
             self.refused_by[client] = self.refused_by.get(client, 0) + 1
-        resp = web.Response(status=status, text=text, headers={**headers, **self.wc.headers})
-        resp.force_close()  # a refused client keeps no connection open
-        return resp
+        # A refused client keeps no connection open.
+        return server.Response(text, status, {**headers, **self.wc.headers,
+                                              "Connection": "close"})
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def middleware(self, request: server.Request, handler: Handler) -> server.Response:
         auth, extra = self.auth, self.wc.headers
         header = request.headers.get("Authorization", "")
         if auth is not None and not (

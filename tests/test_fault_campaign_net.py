@@ -399,8 +399,8 @@ def test_a_second_daemon_on_one_state_directory_fails_naming_the_first(daemon, t
 
 LISTENER_CHILD = """
 import asyncio, logging, os, resource, sys
-from aiohttp import web
-from gpuwatch.exporter.listener import Limits, Listener
+from gpuwatch.exporter import server
+from gpuwatch.exporter.listener import Limits
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
@@ -413,10 +413,9 @@ async def line():  # from stdin, without a thread or a new descriptor
     loop.remove_reader(0)
 
 async def main():
-    runner = web.AppRunner(web.Application())
-    await runner.setup()
-    lst = Listener(runner.server, ssl_context=None, limits=Limits(max_connections=1000))
-    await lst.start("127.0.0.1", 0)
+    srv = server.Server(server.App(), Limits(max_connections=1000))
+    await srv.start("127.0.0.1", 0)
+    lst = srv.listener
     held = []
     try:
         while True:

@@ -8,14 +8,15 @@ bounded before a byte is parsed:
   from a client holding fewer, or else the newcomer is refused: a scraper that holds one
   connection gets in however many others the attackers hold;
 - the TLS handshake and the first request's headers must arrive within the header timeout;
-  an idle keep-alive connection is closed after the idle timeout (aiohttp's keep-alive), and
-  one whose response the client does not read after the write timeout;
+  one whose response the client does not read is dropped after the write timeout, even where
+  closing it would wait for the client (the server bounds idle keep-alive and later requests);
 - descriptors are kept below RLIMIT_NOFILE for the daemon's own work (engine scrapes, probe
   reads, snapshots, logs): the cap is lowered to fit, never the reserve;
 - an accept() that fails for lack of descriptors, and every refusal, is counted and logged
   once per interval, not once per try.
 
-aiohttp parses HTTP; this only counts bytes and looks for the end of the first headers.
+The server (exporter/server.py, h11) parses HTTP; this only counts bytes and looks for the end
+of the first headers.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ SWEEP_SECONDS = 0.5
 LOG_INTERVAL_SECONDS = 60.0
 ACCEPT_RETRY_SECONDS = 0.1
 ACCEPT_BATCH = 64
+# A TLS close waits this long for the client's close_notify (asyncio: 30 s), holding a slot.
+TLS_SHUTDOWN_SECONDS = 2.0
 # Closing connections still hold their descriptors: at most this many above the cap (less
 # than RESERVED_FDS, with room for a batch of accepts).
 CLOSING_SLACK = 96
@@ -80,7 +83,7 @@ class _Conn:
 
 
 class _Protocol(asyncio.Protocol):
-    """Sits in front of aiohttp's protocol: notes activity, then hands everything on."""
+    """Sits in front of the server's protocol: notes activity, then hands everything on."""
 
     def __init__(self, listener: Listener, conn: _Conn, inner: asyncio.Protocol) -> None:
         self.listener, self.conn, self.inner = listener, conn, inner
@@ -124,8 +127,8 @@ class Listener:
                  ssl_context: ssl.SSLContext | None, limits: Limits,
                  refusals: Callable[[], dict[str, int]] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """factory: aiohttp's protocol factory (AppRunner.server). refusals: returns (and
-        resets) auth refusals per client, for the same periodic log line."""
+        """factory: the server's protocol for one connection. refusals: returns (and resets)
+        auth refusals per client, for the same periodic log line."""
         self.factory = factory
         self.ssl = ssl_context
         self.limits = limits
@@ -173,7 +176,7 @@ class Listener:
         self._socks = []
 
     def close_all(self) -> None:
-        """Abort what is still open (after aiohttp's own shutdown had its chance), and log
+        """Abort what is still open (after the server's own shutdown had its chance), and log
         what the last interval's line has not said yet."""
         for conn in list(self._conns):
             self._abort(conn)
@@ -262,7 +265,8 @@ class Listener:
         try:
             await loop.connect_accepted_socket(
                 lambda: _Protocol(self, conn, self.factory()), conn.sock, ssl=self.ssl,
-                ssl_handshake_timeout=self.limits.header_timeout_seconds if self.ssl else None)
+                ssl_handshake_timeout=self.limits.header_timeout_seconds if self.ssl else None,
+                ssl_shutdown_timeout=TLS_SHUTDOWN_SECONDS if self.ssl else None)
         except OSError:  # ssl.SSLError and TimeoutError are OSErrors too
             # A failed or slow handshake: asyncio closed the socket. Nothing to log per try.
             self._forget(conn)
@@ -317,10 +321,13 @@ class Listener:
             with contextlib.suppress(OSError):
                 conn.sock.shutdown(socket.SHUT_RDWR)
 
-    def _writing(self, conn: _Conn) -> bool:
+    def _unsent(self, conn: _Conn) -> bool:
+        """Bytes are waiting for the client, being answered or being closed."""
         transport = conn.transport
-        return transport is not None and not transport.is_closing() and (
-            transport.get_write_buffer_size() > 0)
+        return transport is not None and transport.get_write_buffer_size() > 0
+
+    def _answering(self, conn: _Conn) -> bool:
+        return self._unsent(conn) and not conn.transport.is_closing()
 
     def _make_room(self, held: int) -> bool:
         """For a newcomer whose client holds `held` connections: close one of the client
@@ -337,7 +344,7 @@ class Listener:
         for i, conn in enumerate(mine):
             if i >= EVICT_SCAN:
                 break
-            if self._writing(conn):
+            if self._answering(conn):
                 continue
             rank = 2 if conn.transport is None else 1 if conn.headers_done else 0
             if best is None or rank < best[0]:
@@ -367,7 +374,7 @@ class Listener:
             if not conn.headers_done and conn.accepted < deadline:
                 self._abort(conn)
                 self._count("header_timeout", conn.client)
-            elif self._writing(conn):
+            elif self._unsent(conn):  # a close waits for them too: never for ever
                 if conn.stalled_since is None:
                     conn.stalled_since = now
                 elif now - conn.stalled_since > self.limits.write_timeout_seconds:

@@ -6,7 +6,7 @@ zero, so an alert on increase() sees the first refusal.
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from gpuwatch.exporter.metric import CounterMetricFamily, GaugeMetricFamily
 
 CLOSE_REASONS = ("header_timeout", "write_timeout", "over_capacity", "client_limit",
                  "made_room")
