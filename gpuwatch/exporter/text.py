@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 
 from gpuwatch.exporter.metric import Metric, float_to_go_string
+from gpuwatch.safetext import valid
 
 _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram",
           "summary": "summary", "info": "gauge", "stateset": "gauge", "unknown": "untyped",
@@ -35,6 +36,7 @@ def _escape_char(m: re.Match) -> str:
 
 
 def _escape(v: str) -> str:
+    v = valid(v)  # once per label set (see below): one bad value never fails the scrape
     return _UNSAFE.sub(_escape_char, v) if _UNSAFE.search(v) else v
 
 
