@@ -44,6 +44,8 @@ SWEEP_SECONDS = 0.5
 LOG_INTERVAL_SECONDS = 60.0
 ACCEPT_RETRY_SECONDS = 0.1
 ACCEPT_BATCH = 64
+# A stop waits at most this long for each of its steps: handshakes, then requests.
+STOP_WAIT_SECONDS = 2.0
 # A TLS close waits this long for the client's close_notify (asyncio: 30 s), holding a slot.
 TLS_SHUTDOWN_SECONDS = 2.0
 # Closing connections still hold their descriptors: at most this many above the cap (less
@@ -167,13 +169,14 @@ class Listener:
             loop.remove_reader(sock.fileno())
         for handle in self._retries.values():
             handle.cancel()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         for sock in self._socks:
             sock.close()
         self._socks = []
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:  # bounded: close_all() aborts whatever is still open after it
+            await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
 
     def close_all(self) -> None:
         """Abort what is still open (after the server's own shutdown had its chance), and log

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import h11
 import msgspec
 
-from gpuwatch.exporter.listener import Limits, Listener
+from gpuwatch.exporter.listener import STOP_WAIT_SECONDS, Limits, Listener
 
 log = logging.getLogger(__name__)
 
@@ -305,9 +305,11 @@ class Server:
     async def close(self) -> None:
         if self.listener is not None:
             await self.listener.stop_accepting()
-            for task in list(self._open):
+            tasks = list(self._open)
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._open, return_exceptions=True)
+            if tasks:
+                await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
             self.listener.close_all()  # what is left, lingering in TLS shutdowns say
             self.listener = None
 
