@@ -129,7 +129,8 @@ class Daemon(Proc):
             argv += ["--config", str(cfg)]
         argv += list(args)
         # State (audit log, snapshots) stays in the test's directory.
-        full_env = child_env(STATE_DIRECTORY=str(workdir / f"state-{self.port}"), **(env or {}))
+        full_env = child_env(**{"STATE_DIRECTORY": str(workdir / f"state-{self.port}"),
+                                **(env or {})})
         super().__init__(argv, workdir, f"gpuwatch-{self.port}", env=full_env,
                          preexec=preexec)
         if wait_ready:

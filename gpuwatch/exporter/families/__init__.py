@@ -20,6 +20,7 @@ MODULES = (
     "gpuwatch.exporter.families.allocator",
     "gpuwatch.exporter.families.attribution",
     "gpuwatch.exporter.families.oom",
+    "gpuwatch.exporter.families.http",
     "gpuwatch.exporter.families.otlp",
 )
 
