@@ -1,0 +1,171 @@
+"""The daemon's reader of probe records (sources/probes.py) and the directories root makes,
+against real processes and files of other users: each guard meets what it is there to refuse.
+Where a guard sits behind another layer, the test takes that layer away and says so."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from gpuwatch.sources import probes as probe_source
+from gpuwatch.sources.probes import (
+    ProbeReader,
+    ensure_user_dir,
+    prepare_probe_dir,
+    read_probes,
+    read_records_of,
+)
+from tests.other_uids import ALICE, MALLORY, needs_root, run_as, sleepers, top  # noqa: F401
+
+pytestmark = needs_root
+OWN = [{"device": 0, "reserved_bytes": 4242}]  # a sample of the publishing process itself
+
+
+@pytest.fixture
+def base(top):  # noqa: F811
+    base = top / "probe"
+    prepare_probe_dir(str(base))
+    ensure_user_dir(str(base), ALICE)
+    return base
+
+
+@pytest.fixture
+def legacy(top):  # noqa: F811
+    """A probe directory as older versions left it: shared, sticky, world-writable."""
+    base = top / "probe"
+    base.mkdir()
+    base.chmod(0o1777)
+    return base
+
+
+def hand_directory_to(base, uid: int, owner: int) -> None:
+    """Replace `<base>/<uid>` by a directory `owner` owns, holding the same files."""
+    d, new = base / str(uid), base / f".new-{uid}"
+    new.mkdir(mode=0o700)
+    for p in d.iterdir():
+        os.rename(p, new / p.name)
+    d.rmdir()
+    os.chown(new, owner, owner)
+    os.rename(new, d)
+
+
+def now() -> float:
+    return time.time()
+
+
+def test_the_daemon_reads_nothing_from_a_user_directory_another_uid_owns(base, sleepers):  # noqa: F811
+    """ProbeReader makes each user's directory once (as root); one found later under alice's
+    uid but owned by mallory is not believed, though alice's record and process are real."""
+    alice = sleepers(ALICE, base, OWN)
+    reader = ProbeReader(str(base))
+    got, problems = reader.read(now(), [alice.pid], stale_after=30)
+    assert [(s.pid, s.reserved_bytes) for s in got] == [(alice.pid, 4242)] and problems == []
+    hand_directory_to(base, ALICE, MALLORY)
+    got, problems = reader.read(now(), [alice.pid], stale_after=30)
+    assert got == []
+    assert any(f"owned by uid {MALLORY}, not {ALICE}" in p for p in problems), problems
+
+
+def test_the_listing_reader_reads_nothing_from_a_directory_another_uid_owns(base, sleepers):  # noqa: F811
+    alice = sleepers(ALICE, base, OWN)
+    assert [s.pid for s in read_probes(str(base), now())] == [alice.pid]
+    hand_directory_to(base, ALICE, MALLORY)
+    problems: list[str] = []
+    assert read_probes(str(base), now(), problems=problems) == []
+    assert any(f"owned by uid {MALLORY}" in p for p in problems), problems
+    assert alice.record.exists()  # refused, not pruned
+
+
+def test_a_record_cannot_carry_numbers_for_another_users_process(base, sleepers):  # noqa: F811
+    ensure_user_dir(str(base), MALLORY)
+    victim = sleepers(MALLORY, base)  # mallory's process, no probe numbers of its own
+    alice = sleepers(ALICE, base, [*OWN, {"pid": victim.pid, "device": 0,
+                                          "reserved_bytes": 1 << 40}])
+    got, problems = ProbeReader(str(base)).read(now(), [alice.pid, victim.pid],
+                                                stale_after=30)
+    assert [s for s in got if s.pid == victim.pid] == []
+    assert any(f"sample for pid {victim.pid}" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o775, 0o757])
+def test_root_makes_no_user_directory_in_a_probe_directory_others_may_write(top, mode):  # noqa: F811
+    """Defence in depth: the daemon's ProbeReader closes a root-owned probe directory to
+    0755 (ensure_base) before it makes user directories; ensure_user_dir is met alone here,
+    on a directory left writable."""
+    base = top / "probe"
+    base.mkdir()
+    base.chmod(mode)
+    with pytest.raises(PermissionError, match="writable by others"):
+        ensure_user_dir(str(base), ALICE)
+    assert os.listdir(base) == []
+
+
+def test_root_makes_no_user_directory_in_a_probe_directory_another_user_owns(
+        top, sleepers):  # noqa: F811
+    """alice made the configured probe directory herself (0755, hers): a root daemon must
+    not make mallory's directory in it, where alice could rename or replace it."""
+    users = top / "users"
+    users.mkdir()
+    users.chmod(0o1777)
+    run_as(ALICE, "os.mkdir(args[0], 0o755)", users / "probe")
+    base = users / "probe"
+    mallory = sleepers(MALLORY, base)
+    got, problems = ProbeReader(str(base)).read(now(), [mallory.pid], stale_after=30)
+    assert got == [] and any("not making user directories" in p for p in problems), problems
+    assert os.listdir(base) == []
+
+
+def test_a_squatters_directory_is_set_aside_for_its_user(legacy, sleepers):  # noqa: F811
+    """In the old shared layout alice took mallory's name first; the root daemon gives
+    mallory a directory of her own and moves alice's out of the way."""
+    run_as(ALICE, "os.mkdir(os.path.join(args[0], args[1]), 0o777)", legacy, MALLORY)
+    prepare_probe_dir(str(legacy))
+    mallory = sleepers(MALLORY, legacy)
+    ProbeReader(str(legacy)).read(now(), [mallory.pid], stale_after=30)
+    st = os.lstat(legacy / str(MALLORY))
+    assert (st.st_uid, st.st_mode & 0o777) == (MALLORY, 0o700)
+    assert [n for n in os.listdir(legacy) if n.startswith(f".squatted-{MALLORY}-")]
+
+
+def test_a_symlinked_user_directory_is_neither_read_nor_kept(legacy, top, sleepers):  # noqa: F811
+    """alice's `<uid>` is a symlink to a directory of hers elsewhere, her live record in it."""
+    elsewhere = top / "users"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o1777)
+    run_as(ALICE, "t = os.path.join(args[1], 'mine'); os.mkdir(t, 0o700);"
+                  "os.symlink(t, os.path.join(args[0], str(os.getuid())))", legacy, elsewhere)
+    alice = sleepers(ALICE, legacy, OWN)
+    assert (elsewhere / "mine" / alice.record.name).exists()
+    # The reader on its own, before root has put its layout right: nothing through the link.
+    problems: list[str] = []
+    assert read_records_of(str(legacy), now(), {ALICE: [alice.pid]}, problems=problems) == []
+    assert problems
+    # Root's layout: the link is set aside, a real directory of alice's takes its place.
+    prepare_probe_dir(str(legacy))
+    ensure_user_dir(str(legacy), ALICE)
+    d = legacy / str(ALICE)
+    assert not d.is_symlink() and d.is_dir() and d.stat().st_uid == ALICE
+    assert [n for n in os.listdir(legacy) if n.startswith(f".squatted-{ALICE}-")]
+
+
+def _following_read(dir_fd: int, name: str, max_bytes: int):
+    """read_regular without its O_NOFOLLOW (the layer taken away)."""
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    try:
+        return os.read(fd, max_bytes + 1), os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def test_the_listing_reader_passes_no_symlinked_entry(base, top, sleepers, monkeypatch):  # noqa: F811
+    """Defence in depth: read_regular refuses to follow a symlink; here it is replaced by an
+    open that follows, so that the listing's own check on each entry is met alone."""
+    alice = sleepers(ALICE, base, OWN)
+    run_as(ALICE, "os.rename(args[0], args[1]); os.symlink(args[1], args[0])",
+           alice.record, top / "probe" / str(ALICE) / ".kept.json")
+    monkeypatch.setattr(probe_source.protocol, "read_regular", _following_read)
+    problems: list[str] = []
+    assert read_probes(str(base), now(), problems=problems) == []
+    assert any("not a regular file" in p for p in problems), problems
