@@ -88,58 +88,82 @@ def sleeping_vllm(t: float) -> tuple[float, int]:
     return ASLEEP + (phase - 1760) / 40 * (AWAKE - ASLEEP), 0
 
 
-@pytest.mark.parametrize("per_process", [True, False],
-                         ids=["per-process figures", "no per-process figures"])
+FIGURES = pytest.mark.parametrize("per_process", [True, False],
+                                  ids=["per-process figures", "no per-process figures"])
+
+
+def _tick(t: float, procs: list[tuple[int, float]], per_process: bool,
+          used: float | None = None) -> Tick:
+    ps = [ProcessSample(pid=pid, name="vllm" if pid == ENGINE_CORE else "python3",
+                        create_time=T0 - 7200,
+                        used_memory_bytes=int(held) if per_process else None)
+          for pid, held in procs]
+    used = sum(h for _, h in procs) + 500 * MIB if used is None else used
+    return Tick(t=t, gpus=[GpuSample(index=0, uuid="GPU-0", name=A100[0],
+                                     memory_total_bytes=TOTAL, memory_used_bytes=int(used),
+                                     processes=ps)])
+
+
+@FIGURES
 def test_sleep_and_wake_of_an_engine_with_a_small_fixed_kv_cache_raise_no_leak(per_process):
-    """A fixed 50 GiB KV cache plans less than the engine holds awake (weights come on
-    top), so the pool floor cannot cover a wake-up: only the sleep state holds the series.
-    Without per-process figures (containers, some drivers) the GPU's own series is the
-    one that must hold."""
+    """A fixed 20 GiB KV cache plans far less than the engine holds awake (the weights come
+    on top): asleep it falls below half of that, which unheld is a reload, and its wake-up a
+    fast climb. Only the sleep state holds the series: the process's, or the GPU's own
+    where NVML gives no per-process figures (containers, some drivers)."""
     analyzer, derived, cond = _memory()
-    leaks = []
-    woke_at = None
+    leaks, woke = [], 0
     for k in range(int(2 * 1800 / 3)):
         t = T0 + 3 * k
         held, level = sleeping_vllm(3 * k)
         prev = derived.engines.get("vllm-0")
         changed = prev.sleep_changed_at if prev else None
         if prev is not None and (prev.sleep_level or 0) != level:
-            changed = t
-            woke_at = t if level == 0 else woke_at
+            changed, woke = t, woke + (level == 0)
         derived.engines = {"vllm-0": EngineState(
             name="vllm-0", kind="vllm", up=True, pids=[ENGINE_CORE], sleep_level=level,
-            sleep_changed_at=changed, kv_pool_bytes=50 * GIB)}
-        procs = [ProcessSample(pid=ENGINE_CORE, name="vllm", create_time=T0 - 7200,
-                               used_memory_bytes=int(held) if per_process else None)]
-        gpu = GpuSample(index=0, uuid="GPU-0", name=A100[0], memory_total_bytes=TOTAL,
-                        memory_used_bytes=int(held + 500 * MIB), processes=procs)
-        leaks += [e for e in analyzer.update(Tick(t=t, gpus=[gpu]), derived, cond)
-                  if e.signal == "memory_leak"]
-    assert woke_at is not None
+            sleep_changed_at=changed, kv_pool_bytes=20 * GIB)}
+        tick = _tick(t, [(ENGINE_CORE, held)], per_process)
+        leaks += [e for e in analyzer.update(tick, derived, cond) if e.signal == "memory_leak"]
+    assert woke == 2
     assert leaks == []
 
 
-def test_a_kv_cache_larger_than_the_gpu_is_not_taken_as_its_pool():
-    """An engine that says its KV cache is twice the GPU: the share it publishes is the
-    pool instead, and a process beside it that fills the GPU still turns the zone red."""
+def _bogus_kv_engine() -> dict:
+    """An engine that says its KV cache is twice the GPU; its published share is 0.05."""
+    return {"vllm-0": EngineState(name="vllm-0", kind="vllm", up=True, pids=[ENGINE_CORE],
+                                  kv_pool_bytes=2 * TOTAL,
+                                  cache_config={"gpu_memory_utilization": "0.05"})}
+
+
+@FIGURES
+def test_a_kv_cache_larger_than_the_gpu_hides_no_full_gpu(per_process):
+    """The share is the pool instead, so a process beside the engine that fills the GPU
+    still turns the zone red. (With per-process figures the zone also never plans more
+    than the engine holds; without them the pool is all it has.)"""
     analyzer, derived, cond = _memory()
-    derived.engines = {"vllm-0": EngineState(
-        name="vllm-0", kind="vllm", up=True, pids=[ENGINE_CORE], kv_pool_bytes=2 * TOTAL,
-        cache_config={"gpu_memory_utilization": "0.05"})}
+    derived.engines = _bogus_kv_engine()
     events = []
     for k in range(20):
-        procs = [ProcessSample(pid=ENGINE_CORE, name="vllm", create_time=T0 - 7200,
-                               used_memory_bytes=4 * GIB),
-                 ProcessSample(pid=OTHER, name="python3", create_time=T0 - 7200,
-                               used_memory_bytes=75 * GIB)]
-        gpu = GpuSample(index=0, uuid="GPU-0", name=A100[0], memory_total_bytes=TOTAL,
-                        memory_used_bytes=int(79.5 * GIB), processes=procs)
-        events += analyzer.update(Tick(t=T0 + 3 * k, gpus=[gpu]), derived, cond)
+        tick = _tick(T0 + 3 * k, [(ENGINE_CORE, 4 * GIB), (OTHER, 75 * GIB)], per_process,
+                     used=79.5 * GIB)
+        events += analyzer.update(tick, derived, cond)
     sig = derived.gpus["GPU-0"]
-    assert sig.unplanned_memory_bytes == pytest.approx(79.5 * GIB - 0.05 * TOTAL)
+    assert sig.unplanned_memory_bytes == pytest.approx(79.5 * GIB - 0.05 * TOTAL, rel=1e-6)
     assert sig.zone == 2
-    assert [(e.signal, e.severity) for e in events if e.state == "firing"] == [
-        ("memory_zone", "critical")]
+    assert ("memory_zone", "critical") in [(e.signal, e.severity) for e in events]
+
+
+def test_a_kv_cache_larger_than_the_gpu_hides_no_leak_of_the_engine():
+    """Growing up to its pool is planned for the engine's process; a pool larger than the
+    GPU would make every leak of it planned."""
+    analyzer, derived, cond = _memory()
+    derived.engines = _bogus_kv_engine()
+    leaks = []
+    for k in range(100):
+        held = 30 * GIB + 64 * MIB * max(0.0, 3 * k - 60)
+        leaks += [e for e in analyzer.update(_tick(T0 + 3 * k, [(ENGINE_CORE, held)], True),
+                                             derived, cond) if e.signal == "memory_leak"]
+    assert [(e.pid, e.severity) for e in leaks][:1] == [(ENGINE_CORE, "critical")]
 
 
 def _insane_histogram(n: int, qsum: float) -> str:
