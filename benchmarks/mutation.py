@@ -191,9 +191,9 @@ def _copy_checkout(work: Path) -> None:
 
 
 def run_mutant(path: str, change: Callable[[str], str], tests: list[str],
-               timeout: float) -> tuple[str, float]:
-    """(verdict, seconds): the module at path rewritten by change() in a copy of the
-    checkout, and the tests run there."""
+               timeout: float) -> tuple[str, float, str]:
+    """(verdict, seconds, the first test that failed): the module at path rewritten by
+    change() in a copy of the checkout, and the tests run there."""
     with tempfile.TemporaryDirectory(prefix="gpuwatch-mut-") as tmp:
         work = Path(tmp)
         _copy_checkout(work)
@@ -201,16 +201,21 @@ def run_mutant(path: str, change: Callable[[str], str], tests: list[str],
         target.write_text(change(target.read_text()))
         env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
         t0 = time.monotonic()
+        by = ""
         try:
+            # Hypothesis's pytest plugin costs a second or two of CPU per start; the tests
+            # that use hypothesis run the same without it.
             r = subprocess.run(
                 [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                 "-m", "not slow and not gpu", *tests],
+                 "-p", "no:hypothesispytest", "-m", "not slow and not gpu", *tests],
                 cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
             verdict = "survived" if r.returncode == 0 else (
                 "killed" if r.returncode in (1, 2) else f"error rc={r.returncode}")
+            by = next((line.split(" ", 1)[1].split(" - ", 1)[0] for line in
+                       r.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))), "")
         except subprocess.TimeoutExpired:
             verdict = "killed (timeout)"
-        return verdict, time.monotonic() - t0
+        return verdict, time.monotonic() - t0, by
 
 
 def check_fixed(mutants: tuple[Fixed, ...] = FIXED) -> list[str]:
@@ -332,8 +337,10 @@ def main() -> None:
                                    "mutation": f.what})
         for fut in concurrent.futures.as_completed(futures):
             name, row = futures[fut]
-            verdict, secs = fut.result()
+            verdict, secs, by = fut.result()
             row.update(verdict=verdict, seconds=round(secs, 1))
+            if by:
+                row["killed_by"] = by
             (results[name] if name is not None else fixed_rows).append(row)
             label = row.get("name") or f"{row['file']}:{row['line']}"
             print(f"{verdict:>16}  {label}  {row['mutation']}", file=sys.stderr)

@@ -96,22 +96,17 @@ class Sleeper:
         self.proc.wait()
 
 
-@pytest.fixture
-def sleepers():
-    started: list[Sleeper] = []
+class Sleepers:
+    """Sleepers started for one test, all stopped at its end (the `sleepers` fixture)."""
 
-    def start(uid: int, probe_dir: Path, samples: list[dict] | None = None) -> Sleeper:
+    def __init__(self) -> None:
+        self.started: list[Sleeper] = []
+
+    def __call__(self, uid: int, probe_dir: Path, samples: list[dict] | None = None) -> Sleeper:
         s = Sleeper(uid, probe_dir, samples)
-        started.append(s)
+        self.started.append(s)
         return s
 
-    yield start
-    for s in started:
-        s.stop()
-
-
-@pytest.fixture
-def top():
-    path = shared_dir()
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
+    def stop(self) -> None:
+        for s in self.started:
+            s.stop()

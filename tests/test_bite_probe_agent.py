@@ -18,7 +18,7 @@ from gpuwatch.probe_channel import protocol
 from gpuwatch.probe_channel.requests import send_request, wait_result
 from gpuwatch.sources.probes import ensure_user_dir, prepare_probe_dir
 from tests.helpers import child_env, wait_until
-from tests.other_uids import ALICE, MALLORY, needs_root, top  # noqa: F401
+from tests.other_uids import ALICE, MALLORY, needs_root
 
 pytestmark = needs_root
 
@@ -68,9 +68,9 @@ def probe_process(uid: int, base, how: str = "run") -> subprocess.Popen:
 
 
 @pytest.fixture
-def alice(top):  # noqa: F811
+def alice(shared_tmp):
     """(probe dir, alice's running probe) once it has published its record."""
-    base = top / "probe"
+    base = shared_tmp / "probe"
     prepare_probe_dir(str(base))
     ensure_user_dir(str(base), ALICE)
     proc = probe_process(ALICE, base)
@@ -142,11 +142,11 @@ def test_a_request_from_an_untrusted_uid_is_ignored(alice):
 
 
 @pytest.mark.parametrize("uid", [0, ALICE], ids=["root process", "alice"])
-def test_the_probe_publishes_into_no_directory_someone_else_owns(top, uid):  # noqa: F811
+def test_the_probe_publishes_into_no_directory_someone_else_owns(shared_tmp, uid):
     """In a shared, sticky probe directory mallory made `<uid>` first, owner-only: a probe
     in a root process (which could write there) or in alice's refuses it, rather than put
     its records and snapshots where mallory reads them."""
-    base = top / "probe"
+    base = shared_tmp / "probe"
     base.mkdir()
     base.chmod(0o1777)
     theirs = base / str(uid)

@@ -20,16 +20,16 @@ from gpuwatch.probe_channel.requests import (
     wait_result,
 )
 from gpuwatch.sources.probes import ensure_user_dir, prepare_probe_dir
-from tests.other_uids import ALICE, MALLORY, needs_root, run_as, sleepers, top  # noqa: F401
+from tests.other_uids import ALICE, MALLORY, needs_root, run_as
 
 pytestmark = needs_root
 SECRET = b"mallory's private key 51c0"
 
 
 @pytest.fixture
-def probe(top, sleepers):  # noqa: F811
+def probe(shared_tmp, sleepers):
     """(probe dir, alice's live process publishing its record there)."""
-    base = top / "probe"
+    base = shared_tmp / "probe"
     prepare_probe_dir(str(base))
     ensure_user_dir(str(base), ALICE)
     return base, sleepers(ALICE, base)
@@ -97,20 +97,20 @@ def test_an_answer_naming_another_snapshot_file_is_refused(probe):
     assert "another name" in result["error"]
 
 
-def test_copy_out_refuses_a_hard_link_even_to_the_users_own_file(probe, top):  # noqa: F811
+def test_copy_out_refuses_a_hard_link_even_to_the_users_own_file(probe, shared_tmp):
     """The owner check passes here (alice links a file of her own): only the link count
     stops root from copying whatever the name was linked to."""
     base, alice = probe
     d = base / str(ALICE)
     rid = protocol.new_request_id()
     name = protocol.snapshot_name(alice.pid, rid)
-    home = top / "alice-home"
+    home = shared_tmp / "alice-home"
     home.mkdir(mode=0o700)
     os.chown(home, ALICE, ALICE)
     run_as(ALICE, "p = os.path.join(args[0], 'kept.bin'); open(p, 'wb').write(b'k' * 64);"
                   "os.link(p, os.path.join(args[1], args[2]))", home, d, name)
     assert os.stat(d / name).st_nlink == 2
-    dest = top / "snaps" / "out.pickle"
+    dest = shared_tmp / "snaps" / "out.pickle"
     dest.parent.mkdir(mode=0o700)
     with pytest.raises(ValueError, match="2 links"):
         copy_out(str(base), alice.pid, rid, str(dest), 1 << 20)
@@ -118,12 +118,12 @@ def test_copy_out_refuses_a_hard_link_even_to_the_users_own_file(probe, top):  #
     assert (home / "kept.bin").read_bytes() == b"k" * 64  # the linked file is left alone
 
 
-def test_copy_out_refuses_a_file_another_user_owns(probe, top):  # noqa: F811
+def test_copy_out_refuses_a_file_another_user_owns(probe, shared_tmp):
     """mallory's secret, in a shared directory anyone may rename in, is moved by alice under
     the snapshot name: one link, but mallory's. Root must not copy it out for alice."""
     base, alice = probe
     d = base / str(ALICE)
-    shared = top / "shared"
+    shared = shared_tmp / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     run_as(MALLORY, "fd = os.open(os.path.join(args[0], 'id_ed25519'), "
@@ -135,31 +135,31 @@ def test_copy_out_refuses_a_file_another_user_owns(probe, top):  # noqa: F811
                   "os.path.join(args[1], args[2]))", shared, d, name)
     st = os.stat(d / name)
     assert (st.st_uid, st.st_nlink) == (MALLORY, 1)
-    dest = top / "snaps" / "out.pickle"
+    dest = shared_tmp / "snaps" / "out.pickle"
     dest.parent.mkdir(mode=0o700)
     with pytest.raises(ValueError, match=f"owned by uid {MALLORY}"):
         copy_out(str(base), alice.pid, rid, str(dest), 1 << 20)
     assert not dest.exists()
 
 
-def test_copy_out_refuses_a_fifo_under_the_snapshot_name(probe, top):  # noqa: F811
+def test_copy_out_refuses_a_fifo_under_the_snapshot_name(probe, shared_tmp):
     base, alice = probe
     d = base / str(ALICE)
     rid = protocol.new_request_id()
     name = protocol.snapshot_name(alice.pid, rid)
     run_as(ALICE, "os.mkfifo(os.path.join(args[0], args[1]), 0o600)", d, name)
-    dest = top / "out.pickle"
+    dest = shared_tmp / "out.pickle"
     with pytest.raises(ValueError, match="not a regular file"):
         copy_out(str(base), alice.pid, rid, str(dest), 1 << 20)
     assert not dest.exists()  # no empty "snapshot" reported as taken
 
 
-def test_a_symlinked_user_directory_is_not_followed(probe, top):  # noqa: F811
+def test_a_symlinked_user_directory_is_not_followed(probe, shared_tmp):
     """`<probe dir>/<uid>` replaced by a symlink to a directory alice owns elsewhere, with her
     record in it: the daemon writes and reads nothing through the link."""
     base, alice = probe
     d = base / str(ALICE)
-    elsewhere = top / "alice-elsewhere"
+    elsewhere = shared_tmp / "alice-elsewhere"
     os.rename(d, elsewhere)
     os.symlink(elsewhere, d)
     assert (elsewhere / alice.record.name).exists()

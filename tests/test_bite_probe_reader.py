@@ -17,24 +17,24 @@ from gpuwatch.sources.probes import (
     read_probes,
     read_records_of,
 )
-from tests.other_uids import ALICE, MALLORY, needs_root, run_as, sleepers, top  # noqa: F401
+from tests.other_uids import ALICE, MALLORY, needs_root, run_as
 
 pytestmark = needs_root
 OWN = [{"device": 0, "reserved_bytes": 4242}]  # a sample of the publishing process itself
 
 
 @pytest.fixture
-def base(top):  # noqa: F811
-    base = top / "probe"
+def base(shared_tmp):
+    base = shared_tmp / "probe"
     prepare_probe_dir(str(base))
     ensure_user_dir(str(base), ALICE)
     return base
 
 
 @pytest.fixture
-def legacy(top):  # noqa: F811
+def legacy(shared_tmp):
     """A probe directory as older versions left it: shared, sticky, world-writable."""
-    base = top / "probe"
+    base = shared_tmp / "probe"
     base.mkdir()
     base.chmod(0o1777)
     return base
@@ -55,7 +55,7 @@ def now() -> float:
     return time.time()
 
 
-def test_the_daemon_reads_nothing_from_a_user_directory_another_uid_owns(base, sleepers):  # noqa: F811
+def test_the_daemon_reads_nothing_from_a_user_directory_another_uid_owns(base, sleepers):
     """ProbeReader makes each user's directory once (as root); one found later under alice's
     uid but owned by mallory is not believed, though alice's record and process are real."""
     alice = sleepers(ALICE, base, OWN)
@@ -68,7 +68,7 @@ def test_the_daemon_reads_nothing_from_a_user_directory_another_uid_owns(base, s
     assert any(f"owned by uid {MALLORY}, not {ALICE}" in p for p in problems), problems
 
 
-def test_the_listing_reader_reads_nothing_from_a_directory_another_uid_owns(base, sleepers):  # noqa: F811
+def test_the_listing_reader_reads_nothing_from_a_directory_another_uid_owns(base, sleepers):
     alice = sleepers(ALICE, base, OWN)
     assert [s.pid for s in read_probes(str(base), now())] == [alice.pid]
     hand_directory_to(base, ALICE, MALLORY)
@@ -78,7 +78,7 @@ def test_the_listing_reader_reads_nothing_from_a_directory_another_uid_owns(base
     assert alice.record.exists()  # refused, not pruned
 
 
-def test_a_record_cannot_carry_numbers_for_another_users_process(base, sleepers):  # noqa: F811
+def test_a_record_cannot_carry_numbers_for_another_users_process(base, sleepers):
     ensure_user_dir(str(base), MALLORY)
     victim = sleepers(MALLORY, base)  # mallory's process, no probe numbers of its own
     alice = sleepers(ALICE, base, [*OWN, {"pid": victim.pid, "device": 0,
@@ -90,11 +90,11 @@ def test_a_record_cannot_carry_numbers_for_another_users_process(base, sleepers)
 
 
 @pytest.mark.parametrize("mode", [0o1777, 0o775, 0o757])
-def test_root_makes_no_user_directory_in_a_probe_directory_others_may_write(top, mode):  # noqa: F811
+def test_root_makes_no_user_directory_in_a_probe_directory_others_may_write(shared_tmp, mode):
     """Defence in depth: the daemon's ProbeReader closes a root-owned probe directory to
     0755 (ensure_base) before it makes user directories; ensure_user_dir is met alone here,
     on a directory left writable."""
-    base = top / "probe"
+    base = shared_tmp / "probe"
     base.mkdir()
     base.chmod(mode)
     with pytest.raises(PermissionError, match="writable by others"):
@@ -103,10 +103,10 @@ def test_root_makes_no_user_directory_in_a_probe_directory_others_may_write(top,
 
 
 def test_root_makes_no_user_directory_in_a_probe_directory_another_user_owns(
-        top, sleepers):  # noqa: F811
+        shared_tmp, sleepers):
     """alice made the configured probe directory herself (0755, hers): a root daemon must
     not make mallory's directory in it, where alice could rename or replace it."""
-    users = top / "users"
+    users = shared_tmp / "users"
     users.mkdir()
     users.chmod(0o1777)
     run_as(ALICE, "os.mkdir(args[0], 0o755)", users / "probe")
@@ -117,7 +117,7 @@ def test_root_makes_no_user_directory_in_a_probe_directory_another_user_owns(
     assert os.listdir(base) == []
 
 
-def test_a_squatters_directory_is_set_aside_for_its_user(legacy, sleepers):  # noqa: F811
+def test_a_squatters_directory_is_set_aside_for_its_user(legacy, sleepers):
     """In the old shared layout alice took mallory's name first; the root daemon gives
     mallory a directory of her own and moves alice's out of the way."""
     run_as(ALICE, "os.mkdir(os.path.join(args[0], args[1]), 0o777)", legacy, MALLORY)
@@ -129,9 +129,9 @@ def test_a_squatters_directory_is_set_aside_for_its_user(legacy, sleepers):  # n
     assert [n for n in os.listdir(legacy) if n.startswith(f".squatted-{MALLORY}-")]
 
 
-def test_a_symlinked_user_directory_is_neither_read_nor_kept(legacy, top, sleepers):  # noqa: F811
+def test_a_symlinked_user_directory_is_neither_read_nor_kept(legacy, shared_tmp, sleepers):
     """alice's `<uid>` is a symlink to a directory of hers elsewhere, her live record in it."""
-    elsewhere = top / "users"
+    elsewhere = shared_tmp / "users"
     elsewhere.mkdir()
     elsewhere.chmod(0o1777)
     run_as(ALICE, "t = os.path.join(args[1], 'mine'); os.mkdir(t, 0o700);"
@@ -159,12 +159,12 @@ def _following_read(dir_fd: int, name: str, max_bytes: int):
         os.close(fd)
 
 
-def test_the_listing_reader_passes_no_symlinked_entry(base, top, sleepers, monkeypatch):  # noqa: F811
+def test_the_listing_reader_passes_no_symlinked_entry(base, shared_tmp, sleepers, monkeypatch):
     """Defence in depth: read_regular refuses to follow a symlink; here it is replaced by an
     open that follows, so that the listing's own check on each entry is met alone."""
     alice = sleepers(ALICE, base, OWN)
     run_as(ALICE, "os.rename(args[0], args[1]); os.symlink(args[1], args[0])",
-           alice.record, top / "probe" / str(ALICE) / ".kept.json")
+           alice.record, shared_tmp / "probe" / str(ALICE) / ".kept.json")
     monkeypatch.setattr(probe_source.protocol, "read_regular", _following_read)
     problems: list[str] = []
     assert read_probes(str(base), now(), problems=problems) == []
