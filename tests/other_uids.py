@@ -61,11 +61,12 @@ def shared_dir() -> Path:
     return path
 
 
-def run_as(uid: int, code: str, *args: str, timeout: float = 30) -> str:
+def run_as(uid: int, code: str, *args: str, before: str = "", timeout: float = 30) -> str:
     """Run Python code as uid (json, os, stat, sys and time imported; `args` holds the
-    arguments); its stdout.
+    arguments; `before` runs as root first, for imports from this checkout); its stdout.
     Fails the test with the child's stderr when it exits non-zero."""
-    r = subprocess.run([sys.executable, "-c", _DROP + code, str(uid), *map(str, args)],
+    r = subprocess.run([sys.executable, "-c", before + "\n" + _DROP + code, str(uid),
+                        *map(str, args)],
                        capture_output=True, text=True, env=child_env(), cwd="/",
                        timeout=timeout)
     assert r.returncode == 0, f"as uid {uid}: {r.stderr}"

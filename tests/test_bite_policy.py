@@ -70,6 +70,13 @@ def test_an_escalation_rule_applies_only_at_its_severity(tmp_path):
     assert got == [("exec", "dry_run", "escalation[0]")]
 
 
+def test_an_escalation_of_less_than_a_second_is_still_a_ladder(tmp_path):
+    rule = EscalationRule(signal="memory_leak", actions=["snapshot", "exec"],
+                          escalate_after_seconds=0.5)
+    got = dry(tmp_path, [ev()], exec=EXEC, escalation=[rule])
+    assert [a for a, _, _ in got] == ["snapshot"]  # exec comes 0.5 s later, if still firing
+
+
 def test_a_rows_on_red_action_is_not_taken_on_a_warning_zone(tmp_path, table):
     signal_on = SignalConfig(enabled=True)
     zone = ev(signal_="memory_zone", severity="warning", pid=None)

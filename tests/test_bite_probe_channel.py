@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
 from gpuwatch.probe_channel import protocol
+from gpuwatch.probe_channel import requests as requests_mod
 from gpuwatch.probe_channel.requests import (
     ProbeUnavailableError,
     copy_out,
@@ -166,3 +168,62 @@ def test_a_symlinked_user_directory_is_not_followed(probe, shared_tmp):
     with pytest.raises(ProbeUnavailableError):
         send_request(str(base), alice.pid, "flush")
     assert [n for n in names(elsewhere) if n.startswith("req-")] == []
+
+
+def test_a_symlinked_stats_record_locates_no_probe(probe, shared_tmp):
+    """alice's record moved elsewhere and linked back under her pid's name: no probe of
+    hers publishes in the directory itself, so nothing is asked there."""
+    base, alice = probe
+    elsewhere = shared_tmp / "alice-records"
+    elsewhere.mkdir(mode=0o700)
+    os.chown(elsewhere, ALICE, ALICE)
+    run_as(ALICE, "os.rename(args[0], args[1]); os.symlink(args[1], args[0])",
+           alice.record, elsewhere / alice.record.name)
+    with pytest.raises(ProbeUnavailableError):
+        send_request(str(base), alice.pid, "flush")
+    assert [n for n in names(base / str(ALICE)) if n.startswith("req-")] == []
+
+
+# -- the probe directory itself, and the largest request ---------------------------------------
+
+def test_root_makes_the_probe_directory_and_its_parents_reachable_by_users(shared_tmp):
+    base = shared_tmp / "run" / "gpuwatch" / "probe"
+    protocol.ensure_base(str(base))
+    for d in (base.parent.parent, base.parent, base):
+        assert (d.stat().st_uid, d.stat().st_mode & 0o7777) == (0, 0o755), d
+    assert run_as(ALICE, "print(os.listdir(args[0]))", base).strip() == "[]"
+
+
+def test_a_users_own_probe_directory_and_its_parents_are_private(shared_tmp):
+    users = shared_tmp / "users"
+    users.mkdir()
+    users.chmod(0o1777)
+    base = users / f"gpuwatch-{ALICE}" / "probe"  # the layout of a user's default
+    run_as(ALICE, "protocol.ensure_base(args[0])", base,
+           before="import gpuwatch.probe_channel.protocol as protocol")
+    for d in (base.parent, base):
+        assert (d.stat().st_uid, d.stat().st_mode & 0o777) == (ALICE, 0o700), d
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775, 0o756, 0o750, 0o700])
+def test_a_root_probe_directory_of_any_other_mode_is_put_back_to_0755(shared_tmp, mode):
+    base = shared_tmp / "probe"
+    base.mkdir()
+    base.chmod(mode)
+    protocol.ensure_base(str(base))
+    assert base.stat().st_mode & 0o7777 == 0o755
+
+
+def test_a_request_of_the_largest_size_is_sent_and_one_byte_more_is_not(probe, monkeypatch):
+    base, alice = probe
+    d = base / str(ALICE)
+    monkeypatch.setattr(requests_mod, "time", SimpleNamespace(time=lambda: 1_796_166_400.25))
+    # the JSON of a request with an empty pad, then the pad that brings it to the cap
+    small = send_request(str(base), alice.pid, "snapshot", {"pad": ""})
+    size = (d / protocol.request_name(alice.pid, small)).stat().st_size
+    pad = "x" * (protocol.MAX_MESSAGE_BYTES - size)
+    rid = send_request(str(base), alice.pid, "snapshot", {"pad": pad})
+    assert (d / protocol.request_name(alice.pid, rid)).stat().st_size == \
+        protocol.MAX_MESSAGE_BYTES
+    with pytest.raises(ValueError, match="too large"):
+        send_request(str(base), alice.pid, "snapshot", {"pad": pad + "x"})

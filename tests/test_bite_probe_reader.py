@@ -4,6 +4,7 @@ Where a guard sits behind another layer, the test takes that layer away and says
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -169,3 +170,150 @@ def test_the_listing_reader_passes_no_symlinked_entry(base, shared_tmp, sleepers
     problems: list[str] = []
     assert read_probes(str(base), now(), problems=problems) == []
     assert any("not a regular file" in p for p in problems), problems
+
+
+# -- what it prunes, what it says, and its bounds at their edges ------------------------------
+
+def test_the_daemon_prunes_the_record_of_a_process_that_ended(base, sleepers):
+    """NVML may list a pid a little after its process ended: its record is removed."""
+    alice = sleepers(ALICE, base, OWN)
+    reader = ProbeReader(str(base))
+    assert reader.read(now(), [alice.pid], stale_after=30)[0]
+    alice.stop()
+    got, problems = reader.read(now(), [alice.pid], stale_after=30)
+    assert got == [] and problems == [] and not alice.record.exists()
+
+
+def test_a_record_under_another_users_live_pid_is_refused_and_kept(base, sleepers):
+    """Refused, not pruned: its process is not gone."""
+    ensure_user_dir(str(base), MALLORY)
+    victim = sleepers(MALLORY, base)
+    name = base / str(ALICE) / f"{victim.pid}.json"
+    run_as(ALICE, "open(args[0], 'w').write(json.dumps({'format': 'gpuwatch-probe', "
+                  "'pid': int(args[1]), 't': time.time(), 'samples': []}))", name, victim.pid)
+    problems: list[str] = []
+    assert [s for s in read_probes(str(base), now(), problems=problems)
+            if s.pid == victim.pid] == []
+    assert any(f"belongs to uid {MALLORY}" in p for p in problems), problems
+    assert name.exists()
+
+
+def test_a_user_directory_that_is_no_directory_is_named_plainly(base):
+    (base / str(MALLORY)).write_text("")
+    problems: list[str] = []
+    assert read_records_of(str(base), now(), {MALLORY: [1]}, problems=problems) == []
+    assert problems == [f"{base}/{MALLORY}: Not a directory"]
+
+
+def test_a_process_that_cannot_be_looked_at_is_not_believed(base, sleepers, monkeypatch):
+    """Where /proc hides other users' processes (hidepid), psutil refuses to say whose a
+    process is. Here psutil's answer for alice's real process is replaced by that refusal:
+    her record is refused, with the reason."""
+    alice = sleepers(ALICE, base, OWN)
+    real = probe_source.psutil.Process
+
+    class Hidden(real):
+        def uids(self):
+            if self.pid == alice.pid:
+                raise probe_source.psutil.AccessDenied(self.pid)
+            return super().uids()
+    monkeypatch.setattr(probe_source.psutil, "Process", Hidden)
+    problems: list[str] = []
+    assert read_probes(str(base), now(), problems=problems) == []
+    assert any(f"pid {alice.pid}" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("ahead", [-30.0, 30.0], ids=["30 s old", "30 s ahead"])
+def test_a_record_exactly_at_the_staleness_limit_is_believed(base, sleepers, ahead):
+    """stale_after 30 s: a record stamped 30 s before (or, a clock a little off, after) the
+    reader's time is still fresh; a millisecond more and it is not."""
+    alice = sleepers(ALICE, base, OWN)
+    t = float(int(time.time()))
+    run_as(ALICE, "r = json.load(open(args[0])); r['t'] = float(args[1]);"
+                  "r['interval_seconds'] = None; open(args[0] + '.t', 'w').write(json.dumps(r));"
+                  "os.rename(args[0] + '.t', args[0])", alice.record, t + ahead)
+    assert [s.pid for s in read_probes(str(base), t, stale_after=30)] == [alice.pid]
+    late = t - 0.001 if ahead > 0 else t + 0.001
+    assert read_probes(str(base), late, stale_after=30) == []
+
+
+def test_a_record_of_the_largest_size_is_read_and_one_byte_more_is_not(base, sleepers):
+    alice = sleepers(ALICE, base, OWN)
+    cap = probe_source.protocol.MAX_RECORD_BYTES
+    for size, believed in ((cap, True), (cap + 1, False)):
+        run_as(ALICE, "t = open(args[0]).read().rstrip(); t += ' ' * (int(args[1]) - len(t));"
+                      "open(args[0] + '.t', 'w').write(t); os.rename(args[0] + '.t', args[0])",
+               alice.record, size)
+        assert alice.record.stat().st_size == size
+        problems: list[str] = []
+        got = read_records_of(str(base), now(), {ALICE: [alice.pid]}, problems=problems)
+        assert bool(got) is believed and bool(problems) is not believed, (size, problems)
+
+
+def _dead_records(d, sizes: list[int]) -> list[int]:
+    """Records of the given sizes, alice's, for pids that do not run (read, then pruned)."""
+    pids = list(range(3_000_000, 3_000_000 + len(sizes)))
+    for pid, size in zip(pids, sizes, strict=True):
+        body = json.dumps({"format": "gpuwatch-probe", "pid": pid, "t": now(), "samples": []})
+        path = d / f"{pid}.json"
+        path.write_text(body + " " * (size - len(body)))
+        os.chown(path, ALICE, ALICE)
+    return pids
+
+
+@pytest.mark.parametrize("short", [1, 0], ids=["a byte under the budget", "the budget"])
+def test_the_daemon_reads_a_users_records_up_to_its_byte_budget(base, short):
+    """MAX_BYTES_PER_USER is read per user and tick: records read before the budget is
+    spent, none after."""
+    cap, budget = probe_source.protocol.MAX_RECORD_BYTES, probe_source.MAX_BYTES_PER_USER
+    n = budget // cap
+    pids = _dead_records(base / str(ALICE), [cap] * (n - 1) + [cap - short, 100])
+    problems: list[str] = []
+    read_records_of(str(base), now(), {ALICE: pids}, problems=problems)
+    cut = [p for p in problems if "the rest not read" in p]
+    assert bool(cut) is (short == 0), problems
+    assert (base / str(ALICE) / f"{pids[-1]}.json").exists() is (short == 0)  # read: pruned
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_the_daemon_looks_up_at_most_max_records_per_user(base, extra):
+    n = probe_source.MAX_RECORDS_PER_USER + extra
+    problems: list[str] = []
+    read_records_of(str(base), now(), {ALICE: list(range(3_000_000, 3_000_000 + n))},
+                    problems=problems)
+    assert bool([p for p in problems if "the rest not read" in p]) is bool(extra), problems
+
+
+def test_the_listing_reader_reads_at_most_max_records_per_user(base, sleepers, monkeypatch):
+    """The cap lowered to 2 for the test (the count, not its value, is what is checked):
+    three live processes of alice, two records read, and it says so."""
+    monkeypatch.setattr(probe_source, "MAX_RECORDS_PER_USER", 2)
+    alive = [sleepers(ALICE, base, OWN) for _ in range(3)]
+    problems: list[str] = []
+    got = read_probes(str(base), now(), problems=problems)
+    assert len(got) == 2 and {s.pid for s in got} < {a.pid for a in alive}
+    assert [p for p in problems if "more than 2 records" in p], problems
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_the_listing_reader_looks_at_most_at_max_entries_per_user(base, extra):
+    d = base / str(ALICE)
+    for i in range(probe_source.MAX_ENTRIES_PER_USER + extra):
+        (d / f"junk-{i}").touch()
+    problems: list[str] = []
+    read_probes(str(base), now(), problems=problems)
+    assert bool([p for p in problems if "entries; the rest" in p]) is bool(extra), problems
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_the_listing_reader_looks_at_most_at_max_users(shared_tmp, extra):
+    """Directories named for uids that do not own them, one note each: as many notes as
+    users looked at."""
+    base = shared_tmp / "probe"
+    prepare_probe_dir(str(base))
+    n = probe_source.MAX_USERS + extra
+    for uid in range(100_000, 100_000 + n):
+        (base / str(uid)).mkdir()
+    problems: list[str] = []
+    read_probes(str(base), now(), problems=problems)
+    assert len([p for p in problems if "owned by uid 0" in p]) == probe_source.MAX_USERS

@@ -29,6 +29,7 @@ from tests.helpers import Daemon, child_env, free_port, wait_until
 from tests.tls_certs import CA
 
 USER, PASSWORD = "prometheus", "scrape-pass-0b7e"
+HEADERS = {"Strict-Transport-Security": "max-age=31536000", "X-Content-Type-Options": "nosniff"}
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,13 @@ def test_a_configured_header_value_with_cr_or_lf_is_refused_at_load(pki, value):
         webconfig.load(path)
 
 
+@pytest.mark.parametrize("name", ["X Frame", "X:Frame", "X-Frame\r\nSet-Cookie", "", "Ünicode"])
+def test_a_header_name_that_is_no_token_is_refused_at_load(pki, name):
+    path = write(pki, {"http_server_config": {"headers": {name: "1"}}})
+    with pytest.raises(WebConfigError, match="not a valid header"):
+        webconfig.load(path)
+
+
 def test_a_user_name_with_a_colon_is_refused_at_load(pki):
     """Basic auth splits at the first colon: `ops:team` could never log in."""
     path = write(pki, {"basic_auth_users": {"ops:team": pki["hash"]}})
@@ -120,11 +128,32 @@ def test_the_daemon_exits_2_on_a_header_with_crlf(pki, tmp_path):
     assert r.returncode == 2 and "headers.X-Frame-Options: not a valid header" in r.stderr
 
 
+def test_the_verdict_cache_keeps_exactly_its_size(pki, monkeypatch):
+    """AUTH_CACHE_ENTRIES credentials are remembered (a scraper pays bcrypt once); one more
+    pushes the oldest out, which then costs bcrypt again."""
+    calls = []
+    real = webconfig._checkpw
+    monkeypatch.setattr(webconfig, "_checkpw", lambda p, h: calls.append(p) or real(p, h))
+    auth = webconfig.BasicAuth({USER: pki["hash"].encode()})
+    n = webconfig.AUTH_CACHE_ENTRIES
+
+    async def go(count: int) -> int:
+        for i in range(count):
+            await auth.check(basic(USER, f"wrong-{i}"))
+        before = len(calls)
+        await auth.check(basic(USER, "wrong-0"))
+        return len(calls) - before
+    assert asyncio.run(go(n)) == 0  # still cached
+    auth = webconfig.BasicAuth({USER: pki["hash"].encode()})
+    assert asyncio.run(go(n + 1)) == 1  # pushed out by the one more
+
+
 # -- a real daemon: TLS 1.3 only, basic auth -------------------------------------------------
 
 @pytest.fixture(scope="module")
 def daemon13(pki, tmp_path_factory):
     path = write(pki, {"tls_server_config": tls(min_version="TLS13"),
+                       "http_server_config": {"headers": HEADERS},
                        "basic_auth_users": {USER: pki["hash"]}}, "daemon13.yml")
     work = tmp_path_factory.mktemp("bite-daemon")
     d = Daemon(work, "--simulate", "steady", "--web-config", str(path),
@@ -161,6 +190,14 @@ def test_a_bearer_header_does_not_pass_basic_auth_on_other_paths(daemon13, pki):
         assert status == 401 and headers["WWW-Authenticate"].startswith("Basic"), path
     assert request(daemon13.port, ctx, "/metrics",
                    headers={"Authorization": basic(USER, PASSWORD)})[0] == 200
+
+
+def test_the_configured_headers_come_with_every_answer_refusals_too(daemon13, pki):
+    ctx = client_context(pki)
+    for auth in ({"Authorization": basic(USER, PASSWORD)}, {}):
+        status, headers, _ = request(daemon13.port, ctx, "/metrics", headers=auth)
+        assert status == (200 if auth else 401)
+        assert {k: headers.get(k) for k in HEADERS} == HEADERS, (status, headers)
 
 
 @pytest.mark.parametrize("scheme", ["Digest", "Bearer", "Negotiate", "Basicx"])
