@@ -329,7 +329,7 @@ def main() -> None:
             fut = pool.submit(run_mutant, mut.path,
                               lambda src, i=mut.index: mutate(src, i), tests, args.timeout)
             futures[fut] = (name, {"file": mut.path, "line": mut.line,
-                                   "mutation": mut.what})
+                                   "mutation": mut.what, "index": mut.index})
         for f in fixed:
             fut = pool.submit(run_mutant, f.path, lambda src, f=f: mutants_fixed.apply(f, src),
                               list(f.tests), args.timeout)

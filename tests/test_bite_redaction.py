@@ -7,12 +7,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.server
+import io
 import json
+import logging
 import sys
 import threading
 
+import pytest
 from msgspec.structs import replace
 
+from gpuwatch import redact
+from gpuwatch.config import load
 from gpuwatch.remediation.audit import read_records
 from gpuwatch.remediation.config import EscalationRule, ExecConfig
 from tests.helpers import eventually
@@ -105,3 +110,60 @@ def test_a_hook_that_prints_the_old_secret_after_a_reload_is_scrubbed(tmp_path):
         assert old not in text and new not in text
     assert [r["result"] for r in read_records(tmp_path / "audit.jsonl") if "action" in r] == [
         "started", "ok"]
+
+
+def loaded(tmp_path, toml: str):
+    path = tmp_path / "gpuwatch.toml"
+    path.write_text(toml)
+    return load(path, environ={})
+
+
+def test_a_password_with_a_raw_at_sign_is_scrubbed_whole(tmp_path):
+    """urlsplit reads the userinfo up to the authority's last '@', and so must the scrub."""
+    cfg = loaded(tmp_path, '[[engines]]\nname = "e"\n'
+                           'url = "http://scraper:pa@ss-word-4d1e@127.0.0.1:8000/metrics"\n')
+    out = redact.scrub_text("the engine said: bad password pa@ss-word-4d1e",
+                            redact.secret_values(cfg))
+    assert "pa@ss" not in out and "word-4d1e" not in out
+
+
+def test_a_credential_with_spaces_after_its_scheme_is_scrubbed_whole(tmp_path):
+    cfg = loaded(tmp_path, '[[engines]]\nname = "e"\nurl = "http://127.0.0.1:8000/metrics"\n'
+                           'headers = { Authorization = "Token part-one-6b2 part-two-c9e" }\n')
+    out = redact.scrub_text("rejected 'part-one-6b2 part-two-c9e'", redact.secret_values(cfg))
+    assert "part-one" not in out and "part-two" not in out
+
+
+@pytest.mark.parametrize("secret, scrubbed", [("a1b2", True), ("a1b", False)])
+def test_secrets_of_four_characters_and_more_are_scrubbed_from_text(tmp_path, secret, scrubbed):
+    """Shorter ones are masked in their fields only: scrubbing them out of free text would
+    mangle unrelated words."""
+    cfg = loaded(tmp_path, f'[webhook]\ntoken = "{secret}"\n')
+    assert redact.config_for_display(cfg)["webhook"]["token"] == "***"
+    out = redact.scrub_text(f"token {secret} refused", redact.secret_values(cfg))
+    assert (secret not in out) is scrubbed
+
+
+def test_the_first_argument_can_be_the_secret_one(tmp_path):
+    """secret_args indexes argv from 0: a program path that carries a token is masked."""
+    cfg = loaded(tmp_path, '[remediation.exec]\nargv = ["/opt/hooks/tok-7f1c2/run", "--x"]\n'
+                           'secret_args = [0]\n')
+    shown = redact.config_for_display(cfg)["remediation"]["exec"]["argv"]
+    assert shown == ["***", "--x"]
+    assert "tok-7f1c2" not in redact.scrub_text("ran /opt/hooks/tok-7f1c2/run",
+                                                redact.secret_values(cfg))
+
+
+def test_a_log_call_with_a_bad_format_is_reported_as_logging_would(capsys):
+    """The scrubbing filter lets the record through unformatted: logging reports the broken
+    call (on stderr) instead of the line vanishing."""
+    logger = logging.getLogger("gpuwatch.test.badformat")
+    logger.propagate = False  # only this handler: pytest's own would raise instead
+    handler = logging.StreamHandler(io.StringIO())
+    logger.addHandler(handler)
+    redact.install_log_filter(logger)
+    try:
+        logger.warning("took %d ms", "many")
+    finally:
+        logger.removeHandler(handler)
+    assert "--- Logging error ---" in capsys.readouterr().err

@@ -103,6 +103,16 @@ def test_a_header_name_that_is_no_token_is_refused_at_load(pki, name):
         webconfig.load(path)
 
 
+@pytest.mark.parametrize("doc", [
+    {"tls_server_config": {**tls(), "min_versoin": "TLS13"}},
+    {"http_server_config": {"header": {"X-Frame-Options": "DENY"}}},
+], ids=["tls_server_config", "http_server_config"])
+def test_a_misspelt_key_is_refused_not_ignored(pki, doc):
+    """A misspelt min_version would leave TLS 1.2 on; a misspelt headers, no headers."""
+    with pytest.raises(WebConfigError, match="unknown key"):
+        webconfig.load(write(pki, doc))
+
+
 def test_a_user_name_with_a_colon_is_refused_at_load(pki):
     """Basic auth splits at the first colon: `ops:team` could never log in."""
     path = write(pki, {"basic_auth_users": {"ops:team": pki["hash"]}})
@@ -198,6 +208,14 @@ def test_the_configured_headers_come_with_every_answer_refusals_too(daemon13, pk
         status, headers, _ = request(daemon13.port, ctx, "/metrics", headers=auth)
         assert status == (200 if auth else 401)
         assert {k: headers.get(k) for k in HEADERS} == HEADERS, (status, headers)
+
+
+def test_a_basic_credential_that_is_not_clean_base64_is_refused(daemon13, pki):
+    good = basic(USER, PASSWORD).split(" ", 1)[1]
+    for value in (f"!{good}", f"{good[:4]}*{good[4:]}", f"{good[:8]} {good[8:]}"):
+        status, _, _ = request(daemon13.port, client_context(pki), "/metrics",
+                               headers={"Authorization": f"Basic {value}"})
+        assert status == 401, value
 
 
 @pytest.mark.parametrize("scheme", ["Digest", "Bearer", "Negotiate", "Basicx"])
