@@ -22,6 +22,10 @@ from tests.other_uids import ALICE, MALLORY, needs_root, run_as
 
 pytestmark = needs_root
 OWN = [{"device": 0, "reserved_bytes": 4242}]  # a sample of the publishing process itself
+# The reader's bounds as docs/probe.md states them: a record of at most 256 KiB; per user and
+# read, at most 1024 records and 8 MiB (the daemon), 4096 names (the listing reader); at most
+# 4096 users.
+RECORD_BYTES, RECORDS, BUDGET, NAMES, USERS = 256 << 10, 1024, 8 << 20, 4096, 4096
 
 
 @pytest.fixture
@@ -239,8 +243,7 @@ def test_a_record_exactly_at_the_staleness_limit_is_believed(base, sleepers, ahe
 
 def test_a_record_of_the_largest_size_is_read_and_one_byte_more_is_not(base, sleepers):
     alice = sleepers(ALICE, base, OWN)
-    cap = probe_source.protocol.MAX_RECORD_BYTES
-    for size, believed in ((cap, True), (cap + 1, False)):
+    for size, believed in ((RECORD_BYTES, True), (RECORD_BYTES + 1, False)):
         run_as(ALICE, "t = open(args[0]).read().rstrip(); t += ' ' * (int(args[1]) - len(t));"
                       "open(args[0] + '.t', 'w').write(t); os.rename(args[0] + '.t', args[0])",
                alice.record, size)
@@ -263,11 +266,10 @@ def _dead_records(d, sizes: list[int]) -> list[int]:
 
 @pytest.mark.parametrize("short", [1, 0], ids=["a byte under the budget", "the budget"])
 def test_the_daemon_reads_a_users_records_up_to_its_byte_budget(base, short):
-    """MAX_BYTES_PER_USER is read per user and tick: records read before the budget is
-    spent, none after."""
-    cap, budget = probe_source.protocol.MAX_RECORD_BYTES, probe_source.MAX_BYTES_PER_USER
-    n = budget // cap
-    pids = _dead_records(base / str(ALICE), [cap] * (n - 1) + [cap - short, 100])
+    """8 MiB are read per user and tick: records read before the budget is spent, none
+    after."""
+    n = BUDGET // RECORD_BYTES
+    pids = _dead_records(base / str(ALICE), [RECORD_BYTES] * (n - 1) + [RECORD_BYTES - short, 100])
     problems: list[str] = []
     read_records_of(str(base), now(), {ALICE: pids}, problems=problems)
     cut = [p for p in problems if "the rest not read" in p]
@@ -277,7 +279,7 @@ def test_the_daemon_reads_a_users_records_up_to_its_byte_budget(base, short):
 
 @pytest.mark.parametrize("extra", [0, 1])
 def test_the_daemon_looks_up_at_most_max_records_per_user(base, extra):
-    n = probe_source.MAX_RECORDS_PER_USER + extra
+    n = RECORDS + extra
     problems: list[str] = []
     read_records_of(str(base), now(), {ALICE: list(range(3_000_000, 3_000_000 + n))},
                     problems=problems)
@@ -298,7 +300,7 @@ def test_the_listing_reader_reads_at_most_max_records_per_user(base, sleepers, m
 @pytest.mark.parametrize("extra", [0, 1])
 def test_the_listing_reader_looks_at_most_at_max_entries_per_user(base, extra):
     d = base / str(ALICE)
-    for i in range(probe_source.MAX_ENTRIES_PER_USER + extra):
+    for i in range(NAMES + extra):
         (d / f"junk-{i}").touch()
     problems: list[str] = []
     read_probes(str(base), now(), problems=problems)
@@ -311,9 +313,8 @@ def test_the_listing_reader_looks_at_most_at_max_users(shared_tmp, extra):
     users looked at."""
     base = shared_tmp / "probe"
     prepare_probe_dir(str(base))
-    n = probe_source.MAX_USERS + extra
-    for uid in range(100_000, 100_000 + n):
+    for uid in range(100_000, 100_000 + USERS + extra):
         (base / str(uid)).mkdir()
     problems: list[str] = []
     read_probes(str(base), now(), problems=problems)
-    assert len([p for p in problems if "owned by uid 0" in p]) == probe_source.MAX_USERS
+    assert len([p for p in problems if "owned by uid 0" in p]) == USERS
