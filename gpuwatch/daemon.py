@@ -19,8 +19,6 @@ import ssl
 import time
 from typing import Any
 
-from aiohttp import web
-
 from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
 from gpuwatch import config as config_mod
 from gpuwatch.attribution.source import make_source as make_attribution
@@ -29,12 +27,15 @@ from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.render import Renderer
+from gpuwatch.exporter.server import Server
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
-from gpuwatch.model import EngineSample, GpuSample, ProbeSample, Tick
+from gpuwatch.model import EngineSample, GpuSample, OomSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
 from gpuwatch.recording import Recorder
+from gpuwatch.remediation.paths import snapshot_dir
 from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
+from gpuwatch.sources.oom_records import OomReader
 from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
 from gpuwatch.thresholds import ThresholdsError
@@ -79,6 +80,9 @@ class Daemon:
         self.remediator = None
         self.probe_dir = resolve_dir(cfg.probe.dir)
         self.probe_reader = ProbeReader(self.probe_dir)
+        self.oom_reader = OomReader(self.probe_dir)
+        self._oom_notes: set[str] = set()
+        self._own_probes = False  # the backend makes its own (simulation): no records
         if cfg.probe.enabled and not cfg.simulate and os.geteuid() == 0:
             # Root's; each user's directory in it is made when their process is on a GPU.
             with contextlib.suppress(OSError):
@@ -87,6 +91,7 @@ class Daemon:
     # -- the tick ---------------------------------------------------------------------
     async def _probes(self, now: float, gpus: list[GpuSample]) -> list[ProbeSample]:
         own = self.backend.probes(now)
+        self._own_probes = own is not None
         if own is not None:
             return own
         if not self.config.probe.enabled:
@@ -98,6 +103,23 @@ class Daemon:
         st = self.sources.setdefault("probes", SourceStatus())
         st.up, st.last_success, st.reason = True, now, "; ".join(problems[:3])
         return samples
+
+    async def _ooms(self, now: float, gpus: list[GpuSample],
+                    probes: list[ProbeSample]) -> list[OomSample]:
+        """The OOM records probes left since the last tick, adopted into the snapshot
+        directory (off the loop: copies from directories users write)."""
+        if not self.config.probe.enabled or not (probes or self.oom_reader.watching):
+            return []
+        rem = self.config.remediation
+        problems: list[str] = []
+        ooms = await asyncio.to_thread(
+            self.oom_reader.read, now, gpus, probes, snapshot_dir=snapshot_dir(rem),
+            max_total_bytes=rem.snapshot.max_total_bytes, problems=problems)
+        for note in problems:
+            if note not in self._oom_notes and len(self._oom_notes) < 100:
+                self._oom_notes.add(note)
+                log.warning("OOM records: %s", note)
+        return ooms
 
     def _take_engines(self, now: float) -> list[EngineSample]:
         engines, self._pending_engines = self._pending_engines, []
@@ -113,7 +135,9 @@ class Daemon:
             await self.attribution.update(gpus, now)
             self._extras["gpu_owners"] = self.attribution.gpu_owners
         probes = await self._probes(now, gpus)
-        tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes)
+        ooms = [] if self._own_probes else await self._ooms(now, gpus, probes)
+        tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes,
+                    ooms=ooms)
         events = self._process(tick)
         if self.remediator is not None:
             self._log_actions(await self.remediator.on_events(events, self.snapshot))
@@ -396,15 +420,12 @@ class Daemon:
             tls = self.guard.context
         app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
                        guard=self.guard)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True,
-                           ssl_context=tls)
+        runner = Server(app)
         try:
-            await site.start()
+            await runner.start(host, port, ssl=tls)
         except OSError as exc:
             log.error("cannot listen on %s: %s", self.config.listen, exc.strerror or exc)
-            await runner.cleanup()
+            await runner.close()
             await self.remediator.close()
             self._close_outputs()
             return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
@@ -430,7 +451,7 @@ class Daemon:
                 if t is not None:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
-            await runner.cleanup()
+            await runner.close()
             await self.remediator.close()
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()

@@ -15,7 +15,26 @@ SIGNALS = (
     "queue_latency",
     "engine_down",
     "gpu_lost",
+    "process_oom",
 )
+
+
+class OomInfo(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
+    """What a process_oom event says of the OOM (value: the request, threshold: the free
+    memory), and of the event that predicted it (the event's ref)."""
+
+    request_bytes: int | None = None
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    fragmentation_ratio: float | None = None
+    cause: str = ""  # full | fragmentation | limit
+    outcome: str = ""  # raised | caught | recovered | unknown
+    exited: bool = False
+    record: str = ""  # the record in the snapshot directory
+    history: str = ""  # its allocation-history pickle (pytorch.org/memory_viz)
+    predicted_by: str = ""  # memory_leak | time_to_oom (the ref), "" when nothing did
+    lead_seconds: float | None = None  # how long before the OOM that event fired
+    warned_by: str = ""  # memory_zone, when only the zone preceded it
 
 
 class Event(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
@@ -41,6 +60,8 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
     pod: str | None = None
     container: str | None = None
     slurm_job_id: str | None = None
+    # process_oom only
+    oom: OomInfo | None = None
 
     @property
     def key(self) -> tuple:

@@ -29,6 +29,11 @@ class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     slurm_job_id: str = ""
     # allow-listed pod labels (attribution.kubernetes_api.pod_labels), key -> value
     pod_labels: dict[str, str] = {}
+    # The host's view of it (psutil, refreshed every few seconds): CPU time (user + system),
+    # its share of one core since the previous reading, and resident memory.
+    cpu_seconds_total: float | None = None
+    cpu_ratio: float | None = None
+    resident_memory_bytes: int | None = None
 
 
 class ProcessUtilization(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -54,6 +59,17 @@ class GpuSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
     temperature_celsius: float | None = None
+    # HBM temperature (field NVML_FI_DEV_MEMORY_TEMP); absent on boards without a sensor
+    memory_temperature_celsius: float | None = None
+    memory_temperature_max_celsius: float | None = None  # slow tier: the slowdown threshold
+    # fan 0's intended speed, 0-1; absent where the board has no fans (SXM, passive)
+    fan_speed_ratio: float | None = None
+    performance_state: int | None = None  # P-state: 0 (P0, most performance) to 15
+    # media engines' utilization over NVML's own sampling period, 0-1
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    jpeg_utilization_ratio: float | None = None
+    ofa_utilization_ratio: float | None = None
     power_watts: float | None = None
     power_limit_watts: float | None = None
     sm_clock_hz: float | None = None
@@ -135,11 +151,49 @@ class ProbeSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     segments: int | None = None
 
 
+class OomSample(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A process's OOM, from the record its probe kept (gpuwatch.probe_channel.oom), as the
+    daemon adopted it: on the tick it was adopted, once."""
+
+    pid: int
+    t: float  # the first failed request
+    seq: int = 0  # the record's number in its process
+    create_time: float | None = None
+    gpu_uuid: str | None = None
+    device: int | None = None
+    # who it was, as NVML and attribution last saw the process ("" when unknown)
+    name: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    slurm_job_id: str = ""
+    request_bytes: int | None = None
+    device_free_bytes: int | None = None
+    device_total_bytes: int | None = None
+    allowed_bytes: int | None = None
+    reserved_bytes: int | None = None
+    allocated_bytes: int | None = None
+    cached_free_bytes: int | None = None  # free blocks inside the allocator's segments
+    largest_free_block_bytes: int | None = None
+    fragmentation_ratio: float | None = None
+    # reserved bytes per allocator pool: "default", and private pools (CUDA graphs) apart
+    pools: dict[str, int] = {}
+    observer_calls: int = 1
+    cause: str = ""  # full | fragmentation | limit
+    outcome: str = ""  # raised | caught | recovered | unknown | pending
+    exited: bool = False  # the process was gone when the record was adopted
+    capture_seconds: float | None = None
+    record: str = ""  # the adopted record's path in the snapshot directory
+    history: str = ""  # the adopted allocation-history pickle, when there was one
+    problem: str = ""  # why a part could not be adopted
+
+
 class Tick(msgspec.Struct, omit_defaults=True, kw_only=True):
     t: float
     gpus: list[GpuSample] = []
     engines: list[EngineSample] = []
     probes: list[ProbeSample] = []
+    ooms: list[OomSample] = []
 
 
 class RecordingHeader(msgspec.Struct, kw_only=True):

@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
-import yaml
-from aiohttp import web
 
+from gpuwatch.exporter import server
 from gpuwatch.tomlfile import explain
 
 log = logging.getLogger(__name__)
@@ -132,6 +131,8 @@ def load(path: str | Path) -> WebConfig:
 
 
 def _read_yaml(path: Path, fail: Callable[[str, str], WebConfigError]) -> object:
+    import yaml  # only a host with a web configuration file reads YAML
+
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
@@ -280,11 +281,11 @@ def _parse_basic(header: str) -> tuple[str, str] | None:
     return (user, password) if sep else None
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[server.Request], Awaitable[server.Response]]
 
 
 class Guard:
-    """Basic auth and the configured headers on every route, present and future, as an aiohttp
+    """Basic auth and the configured headers on every route, present and future, as a
     middleware; TLS is the listening site's context. Paths in bearer_paths (the Alertmanager
     webhook) may instead carry a bearer token, which their handler checks: Alertmanager sends
     one credential, not two. update() takes a reloaded file (SIGHUP): users, headers, and a
@@ -312,15 +313,14 @@ class Guard:
         self.auth = BasicAuth(wc.users) if wc.users else None
         return restart
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def middleware(self, request: server.Request, handler: Handler) -> server.Response:
         auth, extra = self.auth, self.wc.headers
         header = request.headers.get("Authorization", "")
         if auth is not None and not (
                 request.path in self.bearer and header[:7].lower() == "bearer ") and not (
                 await auth.check(header)):
-            return web.Response(status=401, text="401 Unauthorized: basic auth required\n",
-                                headers={"WWW-Authenticate": 'Basic realm="gpuwatch"', **extra})
+            return server.Response("401 Unauthorized: basic auth required\n", 401,
+                                   {"WWW-Authenticate": 'Basic realm="gpuwatch"', **extra})
         response = await handler(request)
         response.headers.update(extra)
         return response

@@ -40,6 +40,11 @@ class Browser:
             opts.add_argument("--blink-settings=preferredColorScheme=0")
         self.driver = webdriver.Chrome(service=Service(driver), options=opts)
         self.driver.set_page_load_timeout(30)
+        self.viewport: int | None = None
+        if width < 500:  # below Chromium's smallest window: a phone's viewport, emulated
+            self.viewport = width
+            self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+                "width": width, "height": height, "deviceScaleFactor": 1, "mobile": True})
 
     def get(self, url: str) -> None:
         self.driver.get(url)
@@ -62,8 +67,13 @@ class Browser:
         """The whole page (the window grown to the document's height), as PNG."""
         if full_page:
             height = self.js("return document.documentElement.scrollHeight")
-            width = self.driver.get_window_size()["width"]
-            self.driver.set_window_size(width, min(int(height) + 120, 6000))
+            if self.viewport is not None:
+                self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+                    "width": self.viewport, "height": min(int(height), 6000),
+                    "deviceScaleFactor": 1, "mobile": True})
+            else:
+                width = self.driver.get_window_size()["width"]
+                self.driver.set_window_size(width, min(int(height) + 120, 6000))
         path.parent.mkdir(parents=True, exist_ok=True)
         self.driver.save_screenshot(str(path))
 

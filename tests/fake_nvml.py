@@ -35,6 +35,11 @@ class FakeGpu:
         self.nvlink_states: list[int] | None = None  # None: no NVLink
         self.fabric: tuple[int, int, int] | None = None  # (state, status, healthMask)
         self.process_util: list[SimpleNamespace] = []
+        # fans, P-state, media engines, memory temperature threshold (None: NotSupported)
+        self.fan_speed: int | None = None  # an SXM board has no fans
+        self.pstate: int = 0
+        self.media: dict[str, int] = {"encoder": 0, "decoder": 0, "jpg": 0, "ofa": 0}
+        self.memory_temp_max: int | None = 95
         # field name -> exception (or callable returning one) raised by that call
         self.fail: dict[str, Exception] = {}
 
@@ -180,8 +185,35 @@ class FakeNvml:
                 raise err(P.NVML_ERROR_NOT_FOUND)
             return new
 
+        def fan(h):
+            f._call("fan", h)
+            if h.fan_speed is None:
+                raise err(P.NVML_ERROR_NOT_SUPPORTED)
+            return h.fan_speed
+
+        def media(engine):
+            def fn(h):
+                f._call(engine, h)
+                if engine not in h.media:
+                    raise err(P.NVML_ERROR_NOT_SUPPORTED)
+                return [h.media[engine], 100000]  # [percent, sampling period in us]
+            return fn
+
+        def threshold(h, kind):
+            f._call(f"threshold_{kind}", h)
+            if kind != P.NVML_TEMPERATURE_THRESHOLD_MEM_MAX or h.memory_temp_max is None:
+                raise err(P.NVML_ERROR_NOT_SUPPORTED)
+            return h.memory_temp_max
+
         patches = {
             "nvmlInit": init,
+            "nvmlDeviceGetFanSpeed": fan,
+            "nvmlDeviceGetPerformanceState": simple("pstate", lambda h: h.pstate),
+            "nvmlDeviceGetEncoderUtilization": media("encoder"),
+            "nvmlDeviceGetDecoderUtilization": media("decoder"),
+            "nvmlDeviceGetJpgUtilization": media("jpg"),
+            "nvmlDeviceGetOfaUtilization": media("ofa"),
+            "nvmlDeviceGetTemperatureThreshold": threshold,
             "nvmlDeviceGetMigMode": mig_mode,
             "nvmlDeviceGetMaxMigDeviceCount": simple(
                 "mig_count", lambda h: len(h.mig_slots or ())),
@@ -235,3 +267,14 @@ class FakeNvml:
 
 def proc(pid: int, used: int | None) -> SimpleNamespace:
     return SimpleNamespace(pid=pid, usedGpuMemory=used)
+
+
+def open_backend(monkeypatch, gpus):
+    """The real NVML backend over these fake GPUs, opened: (fake, backend)."""
+    from gpuwatch.sources.nvml import NvmlBackend
+
+    fake = FakeNvml(gpus)
+    fake.install(monkeypatch)
+    backend = NvmlBackend(xid_events=False)
+    backend.open()
+    return fake, backend

@@ -239,19 +239,25 @@ warmup_max_seconds = 15
 
 class StaticServer:
     """A loopback HTTP server answering every GET with the same body (an engine's /metrics,
-    or something that is not what the client expects)."""
+    or something that is not what the client expects); `routes` (path prefix -> (body,
+    content type)) answer their paths with another."""
 
-    def __init__(self, body: bytes, content_type: str = "text/plain") -> None:
+    def __init__(self, body: bytes, content_type: str = "text/plain",
+                 routes: dict[str, tuple[bytes, str]] | None = None) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+        routes = routes or {}
+
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
+                data, kind = next(((b, k) for prefix, (b, k) in routes.items()
+                                   if self.path.startswith(prefix)), (body, content_type))
                 self.send_response(200)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(data)
 
             def log_message(self, *args):
                 pass

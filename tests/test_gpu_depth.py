@@ -14,20 +14,11 @@ from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import Tick
 from gpuwatch.sources.gpu_depth.fabric import judge
-from gpuwatch.sources.nvml import NvmlBackend
 from gpuwatch.thresholds import load_table
 from gpuwatch.xid import describe
-from tests.fake_nvml import GIB, FakeGpu, FakeMig, FakeNvml, err, proc
+from tests.fake_nvml import GIB, FakeGpu, FakeMig, err, open_backend, proc
 
 MIB = 1 << 20
-
-
-def open_backend(monkeypatch, gpus):
-    fake = FakeNvml(gpus)
-    fake.install(monkeypatch)
-    backend = NvmlBackend(xid_events=False)
-    backend.open()
-    return fake, backend
 
 
 def test_mig_disabled_is_read_on_the_slow_tier_only(monkeypatch):

@@ -1,4 +1,4 @@
-"""POST /alertmanager on a real aiohttp server: authentication, bad input, firing-only,
+"""POST /alertmanager on the daemon's real HTTP server: authentication, bad input, firing-only,
 de-duplication, routing to hooks (a real child process receives the signal)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 import aiohttp
 import psutil
 import pytest
-from aiohttp import web
 
+from gpuwatch.exporter import server
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import GpuSample, ProcessSample, Tick
 from gpuwatch.remediation.audit import read_records
@@ -60,7 +60,7 @@ def payload(*alerts):
 
 
 class Server:
-    """The remediator's routes in a real aiohttp app on a loopback port."""
+    """The remediator's routes served by the daemon's HTTP server on a loopback port."""
 
     def __init__(self, tmp_path, webhook: WebhookConfig, snap=None, **cfg) -> None:
         self.tmp_path = tmp_path
@@ -74,14 +74,9 @@ class Server:
     async def __aenter__(self):
         if self.snap is not None:
             await self.rem.on_events([], self.snap)
-        app = web.Application()
-        app.add_routes(self.rem.routes())
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}/alertmanager"
+        self.runner = server.Server(server.App(self.rem.routes()))
+        await self.runner.start("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.runner.port}/alertmanager"
         self.session = aiohttp.ClientSession()
         return self
 
@@ -102,7 +97,7 @@ class Server:
 
     async def __aexit__(self, *exc):
         await self.session.close()
-        await self.runner.cleanup()
+        await self.runner.close()
         await self.rem.close()
 
     def audit(self):

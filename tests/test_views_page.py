@@ -6,6 +6,7 @@ is how docs/images/ is refreshed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -137,12 +138,79 @@ def test_degraded_and_hostile_engines(daemon, browser, hostile_engine):
     assert browser.js("return document.title") == "gpuwatch"
 
 
-def test_without_a_driver_the_page_says_why(daemon, browser):
+def test_without_a_driver_the_page_says_why(daemon, browser, tmp_path):
     d = daemon()  # this machine has no NVIDIA driver
     browser.get(d.url + "/")
     banner = wait_until(lambda: rendered(browser, "#banners .banner"), 15, what="a banner")
     assert any(b.startswith("source nvml is down: NVML") for b in banner), banner
-    assert rendered(browser, "#gpus") == ["no GPU sampled yet"]
+    # nothing to attribute is not a failure: one banner, the driver's
+    assert len(banner) == 1, banner
+    (box,) = rendered(browser, "#gpus")
+    assert box.startswith("no GPU sampled yet \u2014 NVML:"), box
+    # the box spans the section, its text off the border
+    grid, card, text = browser.js(
+        "const g = document.getElementById('gpus'), c = g.firstElementChild;"
+        "const r = document.createRange(); r.selectNodeContents(c);"
+        "return [g.getBoundingClientRect().width, c.getBoundingClientRect(),"
+        " r.getBoundingClientRect()]")
+    assert card["width"] == pytest.approx(grid, abs=2)
+    assert text["left"] - card["left"] >= 10 and text["top"] - card["top"] >= 8
+    keep_screenshot(browser, tmp_path, "status-no-gpu.png")
+
+
+def _state_with_a_critical_gpu(d) -> bytes:
+    """The daemon's own state, GPU 0 pushed into its critical zone (what a host hours into a
+    leak shows; the simulator takes that long to get there)."""
+    state = d.state()
+    g = state["sample"]["gpus"][0]
+    sig = state["signals"]["gpus"][g["uuid"]]
+    g["memory_used_bytes"] = int(0.97 * g["memory_total_bytes"])
+    sig["unplanned_memory_bytes"], sig["zone"] = g["memory_used_bytes"], 2
+    return json.dumps(state).encode()
+
+
+def test_critical_zone_keeps_its_marks_and_a_phone_reads_the_page(daemon, tmp_path):
+    from gpuwatch.views.page import page_bytes
+
+    d = daemon("--simulate", "mixed", config_toml=FAST_LEAK_TOML)
+    wait_until(lambda: len(d.state()["sample"]["gpus"]) == 4, 15, what="4 GPUs")
+    server = StaticServer(page_bytes(), "text/html", routes={
+        "/api/state": (_state_with_a_critical_gpu(d), "application/json")})
+    wide, phone = Browser(), Browser(width=420, height=900)
+    try:
+        wide.get(server.url + "/")
+        wait_until(lambda: wide.count(".card.gpu.z2") == 1, 15, what="a critical GPU")
+        # the critical line sits on a red bar: edged in the card's colour, so it shows
+        mark, card = wide.js(
+            "const m = document.querySelector('.card.gpu.z2 .mark.critical');"
+            "const s = getComputedStyle(m);"
+            "return [[s.borderLeftColor, s.borderRightColor, s.backgroundColor, s.width],"
+            " getComputedStyle(m.closest('.card')).backgroundColor]")
+        assert mark[0] == mark[1] == card and mark[2] != card and mark[3] == "4px", mark
+        legend = wide.text(".card.gpu.z2 .bar-legend")[0]
+        assert "MiB" not in legend and legend.count("GiB") >= 4, legend  # one unit
+        keep_screenshot(wide, tmp_path, "status-critical.png")
+
+        phone.get(server.url + "/")
+        wait_until(lambda: phone.count(".card.gpu") == 4, 15, what="4 GPU cards")
+        # nothing wider than the phone: no sideways scrolling of the page, every card inside
+        width, rights = phone.js(
+            "return [document.documentElement.scrollWidth,"
+            " [...document.querySelectorAll('.card')].map(c => c.getBoundingClientRect().right)]")
+        assert width <= 420 and max(rights) <= 420, (width, rights)
+        # and nothing inside a GPU card scrolls sideways
+        overflow = phone.js("return [...document.querySelectorAll('.card.gpu')]"
+                            ".map(c => c.scrollWidth - c.clientWidth)")
+        assert max(overflow) <= 0, overflow
+        # what matters stays in the process table: pid, name, memory, leak rate, time to OOM
+        heads = phone.js("return [...document.querySelectorAll('.card.gpu:first-child .procs th')]"
+                         ".filter(e => e.getClientRects().length).map(e => e.innerText.trim())")
+        assert heads == ["pid", "process", "memory", "leak rate", "time to OOM"], heads
+        keep_screenshot(phone, tmp_path, "status-narrow.png")
+    finally:
+        wide.close()
+        phone.close()
+        server.close()
 
 
 def test_state_turned_off_is_said(daemon, browser):

@@ -218,3 +218,47 @@ def test_envelope_is_bounded_and_keeps_peaks():
     for t in [*range(0, 100), *range(500, 600)]:
         env.add(float(t), 1.0)
     assert len(env.runs()) == 2
+
+
+def _recording_with_late_ticks(path: Path) -> Path:
+    """A leak host whose ticks slipped under load (gaps of 9 to 29 s on a 2 s interval),
+    then stopped for ten minutes."""
+    from gpuwatch.sources.simulate import SimulatedBackend
+
+    backend = SimulatedBackend("leak", seed=0, interval=2.0)
+    rec = Recorder(str(path), host="sim-late", interval_s=2.0)
+    t = T0
+    for k in range(1, 401):
+        rec.write(Tick(t=t, gpus=backend.sample(t), engines=backend.engines(t),
+                       probes=backend.probes(t)))
+        t += 29.0 if k % 40 == 0 else 9.0 if k % 15 == 0 else 2.0
+        if k == 200:
+            t += 600.0  # stopped: a real gap
+    rec.close()
+    return path
+
+
+def test_late_ticks_are_said_shaded_and_do_not_break_the_lines(tmp_path):
+    page = report(_recording_with_late_ticks(tmp_path / "late.jsonl"), tmp_path / "late.html")
+    note = re.search(r'<p class="card late">(.*?)</p>', page, re.S)
+    assert note, "the report does not say that ticks were late"
+    late, ticks = map(int, re.match(r"(\d+) of (\d+) samples came late", note[1]).groups())
+    assert 30 <= late <= 40 and ticks == 400
+    assert "the longest gap 29 s" in note[1] and "stopped 1 time for over 60 s" in note[1]
+    assert page.count('<rect class="gap"') >= 2 * late  # on the GPU's chart and the process's
+    # the GPU's used-memory line: broken once, by the stop, not by any late tick
+    gpu_chart = page.split('<h3 id="gpu-0">')[1].split("<h3")[0]
+    used = re.findall(r'<polyline class="ln"[^>]*><title>used \(NVML\)</title>', gpu_chart)
+    assert len(used) == 2, len(used)
+
+
+def test_gpu_lines_read_in_one_unit_and_a_derived_row_is_said_once(mixed_recording, tmp_path):
+    page = report(mixed_recording, tmp_path / "mixed.html")
+    metas = re.findall(r'<h3 id="gpu-\d+">.*?<p class="meta">(.*?)</p>', page, re.S)
+    assert len(metas) == 4
+    for meta in metas:
+        text = re.sub(r"<[^>]+>", "", meta)
+        assert "(derived) (derived)" not in text and "derived (derived)" not in text
+        units = set(re.findall(r"\d (GiB|MiB)\b", text))
+        assert len(units) == 1, text
+    assert sum("thresholds derived from its memory" in m for m in metas) == 2  # H100, L40S

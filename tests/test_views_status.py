@@ -3,6 +3,7 @@ against real daemons on loopback."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -53,6 +54,37 @@ def test_watch_in_a_terminal_shows_the_leak_in_colour(daemon):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
+
+
+def test_watch_without_rich_redraws_in_place(daemon, tmp_path):
+    """rich is optional: without it a terminal gets plain text, redrawn over the last frame
+    (cursor home, lines cleared), not a scroll of frames."""
+    shadow = tmp_path / "no-rich" / "rich"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('rich is not installed')\n")
+    d = daemon("--simulate", "mixed", config_toml=FAST_LEAK_TOML)
+    env = child_env(TERM="xterm-256color")
+    env["PYTHONPATH"] = os.pathsep.join([str(shadow.parent), env["PYTHONPATH"]])
+    child = pexpect.spawn(sys.executable, ["-m", "gpuwatch", "status", d.url, "--watch", "1"],
+                          env=env, cwd=str(REPO), dimensions=(40, 160), encoding="utf-8",
+                          timeout=60)
+    try:
+        child.expect("\x1b\\[2J\x1b\\[H")  # the first frame clears the screen
+        child.expect("NVIDIA A100-SXM4-80GB")
+        child.expect("\x1b\\[J")
+        first = child.before
+        child.expect("\x1b\\[H")  # the next frame starts at the top again
+        child.expect("\x1b\\[J")
+        second = child.before
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
+    assert "\x1b[2J" not in second and "NVIDIA A100-SXM4-80GB" in second
+    plain = ANSI.sub("", first + second)
+    assert "Traceback" not in plain and "\x1b[1;31m" not in first + second  # no colour
+    assert re.search(r"pid +40000 python3 .*CPU \d+ % RSS [\d.]+ (GiB|MiB)", plain), plain
 
 
 def test_plain_in_a_pipe(daemon):

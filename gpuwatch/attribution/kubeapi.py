@@ -13,9 +13,7 @@ import json
 import os
 import re
 import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 
 from gpuwatch.attribution.config import CA_FILE, TOKEN_FILE
@@ -63,6 +61,9 @@ def list_node_pods(url: str, node: str, *, token_file: str = TOKEN_FILE,
                    ca_file: str = CA_FILE, allow_labels: tuple[str, ...] = (),
                    timeout: float = 5.0) -> list[PodMeta]:
     """The pods scheduled on `node`; raises KubeApiUnavailable with the reason."""
+    import urllib.error  # with http.client and e-mail parsing: only where the API is used
+    import urllib.request
+
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise KubeApiUnavailable(f"API server URL {url!r} is not http(s)://HOST[:PORT]")

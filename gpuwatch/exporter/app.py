@@ -1,13 +1,13 @@
-"""The aiohttp application: /metrics, /healthz, /readyz, /api/state and the status page."""
+"""The daemon's HTTP application: /metrics, /healthz, /readyz, /api/state and the status page."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
 import msgspec
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
+from gpuwatch.exporter import server
+from gpuwatch.exporter.metric import CONTENT_TYPE
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.state_json import state_document
@@ -33,39 +33,38 @@ def readiness(snap: Snapshot) -> tuple[bool, str]:
 
 
 def make_app(get_snapshot: Callable[[], Snapshot], renderer: Renderer | None = None,
-             extra_routes: Iterable[web.RouteDef] = (), *,
-             guard: Guard | None = None) -> web.Application:
+             extra_routes: Iterable[server.Route] = (), *,
+             guard: Guard | None = None) -> server.App:
     """renderer: shared with the daemon, which renders new states ahead of the expected
     scrape, so a scrape only copies bytes. guard: basic auth and headers on every route, as
     a middleware, so routes added later are covered too."""
     renderer = renderer or Renderer()
 
-    async def metrics(request: web.Request) -> web.Response:
+    async def metrics(request: server.Request) -> server.Response:
         body = renderer.serve(get_snapshot())
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return server.Response(body, content_type=CONTENT_TYPE)
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+    async def healthz(request: server.Request) -> server.Response:
+        return server.Response("ok\n")
 
-    async def readyz(request: web.Request) -> web.Response:
+    async def readyz(request: server.Request) -> server.Response:
         ok, text = readiness(get_snapshot())
-        return web.Response(status=200 if ok else 503, text=text)
+        return server.Response(text, 200 if ok else 503)
 
-    async def api_state(request: web.Request) -> web.Response:
+    async def api_state(request: server.Request) -> server.Response:
         snap = get_snapshot()
         if snap.config is not None and not snap.config.http.api_state:
-            return web.Response(status=404, text="/api/state is off ([http] api_state = false)\n")
+            return server.Response("/api/state is off ([http] api_state = false)\n", 404)
         body = _json.encode(state_document(snap))
-        return web.Response(body=body, content_type="application/json")
+        return server.Response(body, content_type="application/json")
 
-    app = web.Application(client_max_size=1024 * 1024,
-                          middlewares=[guard.middleware] if guard is not None else [])
+    app = server.App(middlewares=[guard.middleware] if guard is not None else [])
     app.add_routes([
-        web.get("/metrics", metrics),
-        web.get("/healthz", healthz),
-        web.get("/readyz", readyz),
-        web.get("/api/state", api_state),
-        web.get("/", status_page),
+        server.get("/metrics", metrics),
+        server.get("/healthz", healthz),
+        server.get("/readyz", readyz),
+        server.get("/api/state", api_state),
+        server.get("/", status_page),
         *extra_routes,
     ])
     return app

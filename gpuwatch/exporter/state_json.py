@@ -29,6 +29,8 @@ def state_document(snap: Snapshot) -> dict[str, Any]:
                 for (uuid, pid), ps in sorted(derived.processes.items())
             ],
             "engines": msgspec.to_builtins(derived.engines),
+            "engine_memory": msgspec.to_builtins(derived.engine_memory),
+            "ooms": msgspec.to_builtins(derived.recent_ooms),
             "threshold_table": derived.threshold_table,
         },
         "active_events": msgspec.to_builtins(list(snap.active_events)),

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.core import Metric
-from prometheus_client.utils import floatToGoString
+from gpuwatch.exporter.metric import Metric, float_to_go_string
 
 _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram",
           "summary": "summary", "info": "gauge", "stateset": "gauge", "unknown": "untyped",
@@ -41,7 +40,7 @@ def exposition(metrics: Iterable[Metric]) -> bytes:
                 if labels is None:
                     labels = seen[key] = ",".join(
                         f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
-                out.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n")
+                out.append(f"{s.name}{{{labels}}} {float_to_go_string(s.value)}\n")
             else:
-                out.append(f"{s.name} {floatToGoString(s.value)}\n")
+                out.append(f"{s.name} {float_to_go_string(s.value)}\n")
     return "".join(out).encode()

@@ -13,8 +13,6 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 SUFFIXES = ("", "_total", "_bucket", "_count", "_sum")
 # Bounds on hostile input: a line this long or a scrape with more kept lines than this (the
 # default of an endpoint's max_series) is not a real engine's exposition.
@@ -148,6 +146,14 @@ def _plain_series(series: str) -> tuple[str, LabelKey] | None:
         labels[m.group(1)] = m.group(2)
         pos = m.end()
     return name, _label_key(labels)
+
+
+def text_string_to_metric_families(text: str):
+    # Imported on first use: only a host with engines parses expositions, and
+    # prometheus_client's import costs the daemon megabytes.
+    from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+    return parse_text(text)
 
 
 def _series(series: str) -> tuple[str, LabelKey] | None:

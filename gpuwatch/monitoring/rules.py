@@ -120,13 +120,14 @@ def _rate_mib(bps: float) -> str:
     return f"{mib:g} MiB/s" if mib >= 1 else f"{mib * 60:g} MiB/min"
 
 
-def _value_of(metric: str, job: str, labels: tuple[str, ...], fmt: str, suffix: str) -> str:
+def _value_of(metric: str, job: str, labels: tuple[str, ...], fmt: str, suffix: str,
+              prefix: str = "", missing: str = "n/a") -> str:
     """Template text quoting another series of the same subject (e.g. the rate behind a
-    verdict), or 'n/a' when it is absent."""
+    verdict), or `missing` when it is absent."""
     matchers = ",".join([f"job='{job}'", *(f"{k}='%s'" for k in labels)])
     args = " ".join(f"$labels.{k}" for k in labels)
-    return (f'{{{{ with printf "{metric}{{{matchers}}}" {args} | query }}}}'
-            f"{{{{ . | first | value | {fmt} }}}}{suffix}{{{{ else }}}}n/a{{{{ end }}}}")
+    return (f'{{{{ with printf "{metric}{{{matchers}}}" {args} | query }}}}{prefix}'
+            f"{{{{ . | first | value | {fmt} }}}}{suffix}{{{{ else }}}}{missing}{{{{ end }}}}")
 
 
 def _span(seconds: float) -> str:
@@ -221,6 +222,10 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
     ttoom = _value_of("gpuwatch_gpu_time_to_oom_seconds", p.job, gpu_keys, "humanizeDuration",
                       "")
     leak_keep = p.leak_keep_firing_for
+    ooms = f'gpuwatch_process_ooms_total{{{j},outcome!="recovered"}}'
+    oom_lead = _value_of("gpuwatch_process_oom_lead_time_seconds", p.job, proc_keys,
+                         "humanizeDuration", " before", prefix="gpuwatch predicted it ",
+                         missing="gpuwatch had not predicted it")
     q = p.queue_latency_quantile
 
     exporter = [
@@ -295,6 +300,15 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
               f"A GPU will run out of memory within {_span(p.time_to_oom_critical_seconds)}.",
               f"At its current leak rate {ident} reaches its memory budget in {ttoom}.",
               "0m", leak_keep),
+        # An OOM is an occurrence: its counter rose (or its series appeared) in the last 10
+        # minutes. The series outlives the process an hour, so the alert fires once, then
+        # resolves. A failure a retry inside torch absorbed (recovered) is not paged.
+        Alert("GpuwatchProcessOom", _new_or_increased(ooms, "10m"), "critical",
+              "A process ran out of GPU memory.",
+              f"{proc} ran out of GPU memory in the last 10 minutes "
+              "({{ $labels.cause }}; the program's error: {{ $labels.outcome }}); "
+              f"{oom_lead}. What its allocator held is kept in gpuwatch's snapshot "
+              "directory (the process_oom event names the file).", "0m"),
         Alert("GpuwatchAllocatorFragmentation",
               f"gpuwatch_process_allocator_fragmentation_ratio{{{j}}} > "
               f"{_num(p.fragmentation_ratio)}", "warning",

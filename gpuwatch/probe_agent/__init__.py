@@ -54,7 +54,7 @@ def start(config: ProbeConfig | None = None) -> Agent | None:
             agent.start()
             _agent = agent
             if not _atexit_registered:
-                atexit.register(stop)
+                atexit.register(_stop_at_exit)
                 _atexit_registered = True
             return agent
     except Exception as exc:
@@ -62,16 +62,20 @@ def start(config: ProbeConfig | None = None) -> Agent | None:
         return None
 
 
-def stop(timeout: float = 5.0) -> None:
+def stop(timeout: float = 5.0, _exiting: bool = False) -> None:
     """Stop the probe and remove its record; never raises."""
     global _agent
     try:
         with _lock:
             agent, _agent = _agent, None
         if agent is not None and agent.pid == os.getpid():
-            agent.stop(timeout)
+            agent.stop(timeout, exiting=_exiting)
     except Exception as exc:
         log.warning("gpuwatch probe: stop: %s: %s", type(exc).__name__, exc)
+
+
+def _stop_at_exit() -> None:
+    stop(_exiting=True)
 
 
 def current() -> Agent | None:

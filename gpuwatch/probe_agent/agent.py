@@ -11,7 +11,9 @@ Rules it keeps for its host:
   * nothing it does raises into the host: every failure is logged once and retried;
   * its cost is bounded: when a publish took longer than `max_overhead_ratio` of the
     interval, the next one waits longer;
-  * it stops cleanly: stop() (also run at exit) ends the thread and removes its record.
+  * it stops cleanly: stop() (also run at exit) ends the thread and removes its record;
+  * once CUDA is up it attaches torch's OOM observer (probe_agent/oom.py): an OOM leaves a
+    record in the probe directory that outlives the process.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import msgspec
 
 from gpuwatch.probe_agent import actions
+from gpuwatch.probe_agent import oom as oom_recorder
 from gpuwatch.probe_agent.stats import AllocatorReader
 from gpuwatch.probe_channel import protocol
 from gpuwatch.probe_channel.config import ProbeConfig, resolve_dir
@@ -91,6 +94,8 @@ class Agent:
         self._dir_fd: int | None = None
         self._reader: AllocatorReader | None = None
         self._history_on = False
+        self._oom: oom_recorder.OomRecorder | None = None
+        self._oom_tried = False
         self._next_publish = 0.0
         self._next_poll = 0.0
         self.interval = self.config.interval_seconds
@@ -111,12 +116,16 @@ class Agent:
         self._thread = threading.Thread(target=self._run, name="gpuwatch-probe", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """End the thread and remove this process's record (and unanswered results)."""
+    def stop(self, timeout: float = 5.0, exiting: bool = False) -> None:
+        """End the thread and remove this process's record (and unanswered results).
+        exiting: the interpreter is ending (an open OOM record says the process exited)."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if self._oom is not None:
+            oom_recorder.uninstall(self._oom, exiting)  # its records outlive the process
+            self._oom = None
         with self._lock:
             if self._dir_fd is not None:
                 protocol.unlink_quietly(self._dir_fd, protocol.stats_name(self.pid))
@@ -139,6 +148,8 @@ class Agent:
                 # Not a PyTorch program (yet): no directory, no record, nothing to answer.
                 self._next_publish = self._next_poll = now + self.config.interval_seconds
                 return
+            if self._oom is not None:
+                self._oom.tick()
             try:
                 if now >= self._next_publish:
                     self.publish()
@@ -211,6 +222,9 @@ class Agent:
         record.torch_version = str(getattr(torch, "__version__", ""))
         if self._reader is None:
             self._reader = AllocatorReader(torch)
+        if not self._oom_tried:
+            self._oom_tried = True  # once, even if it fails
+            self._start_oom(torch)
         if self.config.record_history_max_entries and not self._history_on:
             self._history_on = True  # once, even if it fails
             try:
@@ -229,6 +243,30 @@ class Agent:
                 s["create_time"] = self.create_time
         record.samples = samples  # plain dicts: gpu_uuid travels even where the model lacks it
         return record
+
+    def _start_oom(self, torch: Any) -> None:
+        if not self.config.oom_records:
+            return
+        recorder = oom_recorder.OomRecorder(
+            torch, self.config, self.pid, self.create_time,
+            open_dir=lambda: open_own_dir(resolve_dir(self.config.dir)),
+            on_record=self._publish_soon)
+        try:
+            why = oom_recorder.install(recorder)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if why:
+            self._warn_once("oom", "gpuwatch probe: no OOM records: %s", why)
+            return
+        self._oom = recorder
+
+    def _publish_soon(self) -> None:
+        # an OOM: the daemon sees num_ooms rise at the next turn of the loop
+        self._next_publish = 0.0
+
+    @property
+    def oom(self) -> oom_recorder.OomRecorder | None:
+        return self._oom
 
     def publish(self) -> None:
         # CPU time of this thread: what the host can feel (waiting for fsync is not).

@@ -20,6 +20,8 @@ from typing import Annotated
 
 import msgspec
 
+from gpuwatch.probe_channel.oom import MAX_SEQ
+
 log = logging.getLogger(__name__)
 
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
@@ -49,6 +51,18 @@ class ProbeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Probe: >0 turns on torch.cuda.memory._record_memory_history with this many entries
     # once CUDA is up, so snapshots carry the allocation history.
     record_history_max_entries: NonNegInt = 0
+    # Probe: when the process runs out of GPU memory, keep what its allocator held
+    # (gpuwatch.probe_channel.oom): one record per OOM, at most oom_max_records of them and
+    # oom_max_bytes on disk (history pickles included) per process.
+    oom_records: bool = True
+    oom_max_records: Annotated[int, msgspec.Meta(ge=1, le=MAX_SEQ)] = 16
+    oom_max_bytes: NonNegInt = 64 * 1024 * 1024
+    # Probe: failed requests this close together are one OOM (cuDNN retries with smaller
+    # workspaces); the record is final this long after the last.
+    oom_burst_seconds: PositiveFloat = 1.0
+    # Probe: where allocation history is being recorded, dump it beside the record, for
+    # pytorch.org/memory_viz.
+    oom_history: bool = True
     # Daemon: a record older than this (or than 3 of its own intervals) is ignored.
     stale_after_seconds: PositiveFloat = 30.0
 

@@ -124,18 +124,39 @@ def copy_out(probe_dir: str, pid: int, request_id: str, dest: str, max_bytes: in
     name = protocol.snapshot_name(pid, request_id)
     dir_fd, uid = _open_probe_dir(probe_dir, pid)
     try:
-        src, st = protocol.open_regular(dir_fd, name, max_bytes)
-        try:
-            if st.st_uid != uid:
-                raise ValueError(f"{name}: owned by uid {st.st_uid}, not {uid}")
-            if st.st_nlink != 1:
-                raise ValueError(f"{name}: {st.st_nlink} links (a link to another file?)")
-            return _copy(src, dest, max_bytes)
-        finally:
-            os.close(src)
+        return copy_named(dir_fd, uid, name, dest, max_bytes)
     finally:
         protocol.unlink_quietly(dir_fd, name)  # a name in the probe's own directory only
         os.close(dir_fd)
+
+
+def open_user_dir(probe_dir: str, uid: int) -> int:
+    """A descriptor on `<probe dir>/<uid>/`, which must be uid's (no symlink followed)."""
+    fd = protocol.open_dir(os.path.join(probe_dir, str(uid)))
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner != uid:
+            raise ValueError(f"{probe_dir}/{uid}: owned by uid {owner}, not {uid}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def copy_named(dir_fd: int, uid: int, name: str, dest: str, max_bytes: int) -> int:
+    """Copy `name` in a user directory (opened by copy_out, or by open_user_dir for an OOM
+    record, whose process may have exited) into dest, a new owner-only file of ours: a
+    regular file with one link, owned by uid, within max_bytes. The caller removes the
+    probe's file."""
+    src, st = protocol.open_regular(dir_fd, name, max_bytes)
+    try:
+        if st.st_uid != uid:
+            raise ValueError(f"{name}: owned by uid {st.st_uid}, not {uid}")
+        if st.st_nlink != 1:
+            raise ValueError(f"{name}: {st.st_nlink} links (a link to another file?)")
+        return _copy(src, dest, max_bytes)
+    finally:
+        os.close(src)
 
 
 def _copy(src: int, dest: str, max_bytes: int) -> int:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from aiohttp import web
 
 from gpuwatch import redact
 from gpuwatch.events import ActionEvent, Event
+from gpuwatch.exporter import server
 from gpuwatch.model import ATTRIBUTION_FIELDS
 from gpuwatch.remediation import targets
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
@@ -146,8 +146,8 @@ class Remediator:
         self.webhook.reconfigure(webhook)
         self.ledger.note("reconfigured", dry_run=self.dry_run)
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post("/alertmanager", self.webhook.handle)]
+    def routes(self) -> list[server.Route]:
+        return [server.post("/alertmanager", self.webhook.handle)]
 
     def counters(self) -> dict[tuple[str, str], int]:
         return dict(self.ledger.counts)

@@ -4,9 +4,7 @@ it may run, and the hook calls themselves."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch import redact
 from gpuwatch.remediation import flushing
@@ -19,6 +17,9 @@ from gpuwatch.remediation.hooks import snapshot as snapshot_hook
 from gpuwatch.remediation.identity import ProcessHandles
 from gpuwatch.remediation.paths import snapshot_dir
 from gpuwatch.remediation.policy import Action
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 class HookRunner:
@@ -135,6 +136,8 @@ class HookRunner:
         if kind == "probe":
             return await flush_hook.via_probe(self.probe_dir, what, cfg.probe_timeout_seconds)
         if self._session is None:
+            import aiohttp  # an engine flush is the only HTTP client remediation needs
+
             self._session = aiohttp.ClientSession()
         return await flush_hook.via_engine(self._session, what, cfg.http_timeout_seconds)
 

@@ -18,9 +18,9 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 import msgspec
-from aiohttp import web
 
 from gpuwatch.events import Event
+from gpuwatch.exporter import server
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig, parse_action
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,9 @@ class Payload(msgspec.Struct, kw_only=True, rename="camel"):
 _decoder = msgspec.json.Decoder(Payload)
 
 
-def _error(status: int, message: str, **headers: str) -> web.Response:
-    return web.json_response({"status": "error", "error": message}, status=status,
-                             headers=headers or None)
+def _error(status: int, message: str, **headers: str) -> server.Response:
+    return server.json_response({"status": "error", "error": message}, status=status,
+                                headers=headers or None)
 
 
 class AlertmanagerWebhook:
@@ -89,7 +89,7 @@ class AlertmanagerWebhook:
             for r in config.routes
         ]
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: server.Request) -> server.Response:
         try:
             resp = await self._handle(request)
         except Exception:
@@ -100,7 +100,7 @@ class AlertmanagerWebhook:
                 self.remediator.audit_rejected(resp.status, _reason_of(resp), request.remote)
         return resp
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: server.Request) -> server.Response:
         if not self._token:
             return _error(404, "webhook disabled: set webhook.token (GPUWATCH_WEBHOOK_TOKEN)")
         if not self.remediator.config.enabled:
@@ -128,7 +128,7 @@ class AlertmanagerWebhook:
         if self.remediator.snap is None or getattr(self.remediator.snap, "tick", None) is None:
             # Alertmanager retries on 5xx: the first sample is seconds away.
             return _error(503, "no sample yet", **{"Retry-After": "5"})
-        return web.json_response(await self.process(payload))
+        return server.json_response(await self.process(payload))
 
     def _authorized(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")
@@ -136,17 +136,8 @@ class AlertmanagerWebhook:
         ok = hmac.compare_digest(token.strip().encode(), self._token)
         return ok and scheme.lower() == "bearer"
 
-    async def _read_limited(self, request: web.Request) -> bytes | None:
-        limit = self.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            return None
-        chunks, size = [], 0
-        while chunk := await request.content.read(65536):
-            size += len(chunk)
-            if size > limit:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
+    async def _read_limited(self, request: server.Request) -> bytes | None:
+        return await request.read(self.config.max_body_bytes)
 
     async def process(self, payload: Payload) -> dict[str, Any]:
         now = self.clock()
@@ -225,7 +216,7 @@ class AlertmanagerWebhook:
             del self._seen[key]
 
 
-def _reason_of(resp: web.Response) -> str:
+def _reason_of(resp: server.Response) -> str:
     try:
         return str(msgspec.json.decode(resp.body).get("error", ""))[:300]
     except (msgspec.DecodeError, AttributeError, TypeError):

@@ -115,11 +115,52 @@ class EngineState:
 
 
 @dataclass
+class EngineMemory:
+    """An engine's processes on one GPU: NVML's figure beside the plan the engine publishes
+    (signals/engine_memory.py); None where it says nothing, not_exposed says what it keeps
+    to itself."""
+
+    engine: str
+    kind: str = ""
+    gpu_uuid: str = ""
+    gpu_index: int | None = None
+    processes: dict[int, int | None] = field(default_factory=dict)  # pid -> NVML used bytes
+    nvml_used_bytes: float | None = None
+    planned_bytes: float | None = None  # the share of the GPU it may take
+    planned_source: str = ""
+    kv_cache_bytes: float | None = None
+    kv_cache_tokens: float | None = None
+    # NVML used minus the KV cache: weights, activations, CUDA graphs, context, together
+    other_bytes: float | None = None
+    not_exposed: dict[str, str] = field(default_factory=dict)  # part -> where it is said
+
+
+@dataclass
+class OomTally:
+    """A process's OOMs on one GPU (signals/process_oom.py), kept a while after it exited so
+    that its counter is scraped and its alert resolves."""
+
+    gpu_index: int | None = None
+    name: str = ""
+    owner: dict[str, str] = field(default_factory=dict)  # attribution labels known
+    create_time: float | None = None
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (cause, outcome) -> n
+    last_t: float = 0.0
+    # seconds between the first leak / time-to-OOM event and the last OOM; None: unpredicted
+    last_lead_seconds: float | None = None
+
+
+@dataclass
 class Derived:
     gpus: dict[str, GpuSignals] = field(default_factory=dict)  # by uuid
     processes: dict[tuple[str, int], ProcessSignals] = field(default_factory=dict)
     engines: dict[str, EngineState] = field(default_factory=dict)  # by engine name
     threshold_table: dict[str, str] = field(default_factory=dict)  # version, source
+    # OOMs: per (uuid, pid), per GPU uuid, and the last process_oom events (newest last)
+    ooms: dict[tuple[str, int], OomTally] = field(default_factory=dict)
+    gpu_ooms: dict[str, int] = field(default_factory=dict)
+    recent_ooms: list = field(default_factory=list)
+    engine_memory: list[EngineMemory] = field(default_factory=list)
 
     # get first: these run for every process on every tick, and most already exist
     def gpu(self, uuid: str) -> GpuSignals:

@@ -12,8 +12,10 @@ from gpuwatch.model import ATTRIBUTION_FIELDS, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.engine import EngineAnalyzer
+from gpuwatch.signals.engine_memory import EngineMemoryAnalyzer
 from gpuwatch.signals.fragmentation import FragmentationAnalyzer
 from gpuwatch.signals.memory import MemoryAnalyzer
+from gpuwatch.signals.process_oom import OomAnalyzer
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ def build_analyzers(config, table) -> list[Analyzer]:
         # memory (zone, leak, time to OOM) reads the engines' planned pools
         MemoryAnalyzer(config, table),
         FragmentationAnalyzer.from_config(config, table),  # probes (spec §4)
+        EngineMemoryAnalyzer(config),  # the engines' own memory plans beside NVML's
+        OomAnalyzer(config),  # last: names the leak, time-to-OOM or zone event before an OOM
     ]
 
 

@@ -14,17 +14,17 @@ understand is not kept: the error says why, with a short excerpt.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-
-import aiohttp
-from yarl import URL
+from typing import TYPE_CHECKING
 
 from gpuwatch import __version__
 from gpuwatch.engines import discovery as disc
@@ -34,6 +34,10 @@ from gpuwatch.engines.urls import engines_from_urls, host_port, is_local, same_l
 from gpuwatch.exposition import Reading
 from gpuwatch.model import EngineSample
 from gpuwatch.redact import strip_userinfo as redact
+
+if TYPE_CHECKING:
+    import aiohttp
+    from yarl import URL
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ def _headers(cfg: EngineConfig) -> dict[str, str]:
 
 
 def _describe(exc: BaseException) -> str:
+    import aiohttp
+
     text = str(exc) or type(exc).__name__
     if isinstance(exc, aiohttp.ClientConnectorError):
         text = f"connection failed: {exc.os_error or exc}"
@@ -82,7 +88,11 @@ def _describe(exc: BaseException) -> str:
 
 def session_for(cfg: EngineConfig) -> aiohttp.ClientSession:
     """The endpoint's session: its headers, one connection, bodies left compressed (they
-    are decompressed with a bound off the loop), no session-wide timeout (scrape() has one)."""
+    are decompressed with a bound off the loop), no session-wide timeout (scrape() has one).
+    aiohttp is imported here, when the first endpoint starts: a host without engines never
+    loads its client (megabytes the daemon would carry for nothing)."""
+    import aiohttp
+
     return aiohttp.ClientSession(
         headers=_headers(cfg), connector=aiohttp.TCPConnector(limit=1),
         timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False,
@@ -119,6 +129,8 @@ def _reader_died() -> None:
 
 def origin(url: str | URL) -> tuple[str, str, int | None]:
     """(scheme, host, port) with the scheme's default port filled in."""
+    from yarl import URL
+
     u = URL(str(url))
     return (u.scheme.lower(), (u.host or "").lower(), u.port)
 
@@ -127,6 +139,8 @@ async def _fetch(
     session: aiohttp.ClientSession, cfg: EngineConfig
 ) -> tuple[bytes | None, str, str]:
     """(body, Content-Encoding, '') or (None, '', why). Redirects only to the same origin."""
+    from yarl import URL
+
     url = URL(cfg.url)
     home = origin(url)
     for _ in range(MAX_REDIRECTS + 1):
@@ -250,6 +264,8 @@ class EngineSource:
 
     async def _endpoint(self, cfg: EngineConfig, sink: Sink) -> None:
         loop = asyncio.get_running_loop()
+        if "aiohttp" not in sys.modules:  # its first import takes a while: not on the loop
+            await asyncio.to_thread(importlib.import_module, "aiohttp")
         async with session_for(cfg) as session:
             next_at = loop.time()
             was_up: bool | None = None
@@ -283,7 +299,11 @@ class EngineSource:
             await asyncio.sleep(self.discovery.interval_seconds)
 
     def _scan(self) -> tuple[list[disc.Found], dict[int, int]]:
-        return disc.scan(tuple(self.discovery.kinds)), disc.listeners()
+        found = disc.scan(tuple(self.discovery.kinds))
+        # The listening sockets only tie configured local engines to their pids, and reading
+        # them walks every process's descriptors (tens of ms on a busy host): not otherwise.
+        ports = disc.listeners() if any(is_local(e.url) for e in self.engines) else {}
+        return found, ports
 
     def apply_discovery(
         self, found: list[disc.Found], sink: Sink, ports: dict[int, int] | None = None

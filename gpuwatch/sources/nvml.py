@@ -51,7 +51,9 @@ class _Device:
         self.fallbacks: dict[str, Callable] = {}
         self.xid_total: dict[str, int] = {}
         self.last_xid: int | None = None
-        self.collectors = make_collectors()
+        collectors = make_collectors()
+        self.collectors = [c for c in collectors if c.tier == "slow"]
+        self.fast = [c for c in collectors if c.tier == "fast"]
         self.mig: list[MigDevice] = []  # refreshed by the slow tier
         self.mig_devices: dict[str, _Device] = {}  # MIG uuid -> its own unsupported memory
 
@@ -276,6 +278,9 @@ class NvmlBackend:
             "ecc_uncorrected", pynvml.nvmlDeviceGetTotalEccErrors,
             pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC,
         )
+        for c in dev.fast:
+            for field, value in c.read(dev).items():
+                setattr(s, field, value)
         rows = dev.get("remapped_rows", pynvml.nvmlDeviceGetRemappedRows)
         if rows is not None:
             corr, unc, pending, failure = rows

@@ -87,9 +87,12 @@ def status(url, watch, plain, user, password_file, cacert, config_file) -> None:
             open(cacert, "rb").close()
         except OSError as exc:
             _fail(f"--cacert {cacert}: {exc.strerror or exc}")
-    console = None if plain or not sys.stdout.isatty() else _rich_console()
+    tty = sys.stdout.isatty()
+    console = None if plain or not tty else _rich_console()
+    frames = 0
 
     def show() -> bool:
+        nonlocal frames
         try:
             summary = terminal.summarize(
                 terminal.fetch_state(url, auth=auth, cafile=cacert), url)
@@ -101,8 +104,13 @@ def status(url, watch, plain, user, password_file, cacert, config_file) -> None:
                 console.clear()
             terminal.render_rich(summary, console)
         else:
-            sys.stdout.write(terminal.render_plain(summary))
+            text = terminal.render_plain(summary)
+            # without rich, a terminal is still redrawn in place (plain ANSI), not scrolled
+            if watch and tty:
+                text = terminal.redraw(text, first=frames == 0)
+            sys.stdout.write(text)
             sys.stdout.flush()
+        frames += 1
         return True
 
     if not watch:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-from aiohttp import web
+from gpuwatch.exporter import server
 
 
 @cache
@@ -14,7 +14,7 @@ def page_bytes() -> bytes:
     return resources.files("gpuwatch.views").joinpath("status.html").read_bytes()
 
 
-async def status_page(request: web.Request) -> web.Response:
+async def status_page(request: server.Request) -> server.Response:
     # no-cache: a daemon upgrade serves the new page on the next load
-    return web.Response(body=page_bytes(), content_type="text/html", charset="utf-8",
-                        headers={"Cache-Control": "no-cache"})
+    return server.Response(page_bytes(), content_type="text/html; charset=utf-8",
+                           headers={"Cache-Control": "no-cache"})

@@ -52,12 +52,14 @@ class Envelope:
     def __len__(self) -> int:
         return len(self.buckets)
 
-    def runs(self) -> list[list[tuple[float, float, float, float]]]:
-        """(t, min, max, last) points, split where the series has a gap."""
+    def runs(self, breaks: float | None = None) -> list[list[tuple[float, float, float, float]]]:
+        """(t, min, max, last) points, split where the series has a gap: more than two
+        buckets, or with `breaks`, more than that many seconds (late ticks are not a gap)."""
         out: list[list[tuple[float, float, float, float]]] = []
         prev = None
         for k, lo, hi, last, _ in self.buckets:
-            if prev is None or k - prev > 2:
+            if prev is None or (k - prev > 2 if breaks is None
+                                else (k - prev) * self.width > max(breaks, 2 * self.width)):
                 out.append([])
             out[-1].append((self.t0 + (k + 0.5) * self.width, lo, hi, last))
             prev = k
@@ -107,9 +109,10 @@ def nice_step(span: float, target: int = 5) -> float:
 
 def chart(lines: list[Line], t0: float, t1: float, fmt_y, *, bands=(), markers=(),
           vrules=(), y_range: tuple[float, float] | None = None, height: int = H,
-          title: str = "", y_unit: float = 1.0) -> str:
+          title: str = "", y_unit: float = 1.0, gaps=(), breaks: float | None = None) -> str:
     """bands: (y0, y1, css class, label); vrules: (t, css class, label); y ticks fall on
-    round multiples of y_unit (GiB for memory)."""
+    round multiples of y_unit (GiB for memory); gaps: (t0, t1) spans without a sample, shaded;
+    breaks: lines break only across gaps longer than this (seconds)."""
     if t1 <= t0:
         t1 = t0 + 1
     lo = hi = None
@@ -148,6 +151,12 @@ def chart(lines: list[Line], t0: float, t1: float, fmt_y, *, bands=(), markers=(
         if b > a:
             out.append(f'<rect class="band {cls}" x="{LEFT}" y="{y(b):.1f}" width="{pw}" '
                        f'height="{y(a) - y(b):.1f}"><title>{escape(label)}</title></rect>')
+    for g0, g1 in gaps:
+        a, b = max(g0, t0), min(g1, t1)
+        if b > a:
+            out.append(f'<rect class="gap" x="{x(a):.1f}" y="{TOP}" width="{x(b) - x(a):.1f}" '
+                       f'height="{ph}"><title>no sample for {b - a:.0f} s (ticks late)'
+                       f"</title></rect>")
     step = nice_step((hi - lo) / y_unit) * y_unit
     v = math.ceil(lo / step) * step
     while v <= hi + 1e-9 * step:
@@ -174,7 +183,7 @@ def chart(lines: list[Line], t0: float, t1: float, fmt_y, *, bands=(), markers=(
         style = f'stroke="{ln.color}" stroke-width="{ln.width}"' + (
             f' stroke-dasharray="{ln.dash}"' if ln.dash else "")
         if ln.env is not None:
-            for run in ln.env.runs():
+            for run in ln.env.runs(breaks):
                 if ln.band and len(run) > 1:
                     poly = [f"{x(t):.1f},{y(clip(hi_)):.1f}" for t, _, hi_, _ in run] + [
                         f"{x(t):.1f},{y(clip(lo_)):.1f}" for t, lo_, _, _ in reversed(run)]

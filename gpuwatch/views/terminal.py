@@ -83,7 +83,8 @@ class GpuRow:
     power: str
     leak: str
     health: list[str]
-    processes: list[list[str]] = field(default_factory=list)  # pid, name, mem, rate, ttoom
+    # pid, name, mem, rate, ttoom, host CPU and RSS
+    processes: list[list[str]] = field(default_factory=list)
     more: int = 0
     leaking: set[str] = field(default_factory=set)
 
@@ -169,6 +170,14 @@ def _who(p: dict) -> str:
     return str(p.get("name") or fmt.DASH) + (f" ({pod})" if p.get("pod") else "")
 
 
+def _host(p: dict) -> str:
+    """The process's host side, as nvitop shows it: CPU (share of a core) and RSS."""
+    parts = [f"CPU {100 * p['cpu_ratio']:.0f} %" if _num(p.get("cpu_ratio")) else "",
+             f"RSS {fmt.size(p['resident_memory_bytes'])}"
+             if _num(p.get("resident_memory_bytes")) else ""]
+    return " ".join(x for x in parts if x)
+
+
 def _int(v) -> str:
     return f"{v:.0f}" if _num(v) else fmt.DASH
 
@@ -209,7 +218,7 @@ def _gpu_row(g: dict, s: dict, procsig: dict) -> GpuRow:
             str(p.get("pid", "?")), _who(p),
             fmt.size(p.get("used_memory_bytes")),
             f"leak {fmt.rate(rate)}" if _num(rate) else "",
-            f"OOM in {fmt.duration(ttoom)}" if _num(ttoom) else ""]))
+            f"OOM in {fmt.duration(ttoom)}" if _num(ttoom) else "", _host(p)]))
     procs.sort(key=lambda x: (not x[0], -x[1]))
     shown = [p for p in procs if p[0]] + [p for p in procs if not p[0]][:TOP_PROCESSES]
     row.processes = [cells for _, _, cells in shown[:max(TOP_PROCESSES, len(shown))]]
@@ -271,7 +280,7 @@ def render_plain(s: Summary) -> str:
             out.append("       " + " · ".join(extra))
         for cells in r.processes:
             out.append(f"       pid {cells[0]:>7} {cells[1][:40]:<22} {cells[2]:>10}  "
-                       f"{cells[3]:<20} {cells[4]}".rstrip())
+                       f"{cells[5]:<20} {cells[3]:<20} {cells[4]}".rstrip())
         if r.more:
             out.append(f"       … {r.more} more processes")
     out.append("")
@@ -284,6 +293,13 @@ def render_plain(s: Summary) -> str:
     out.append("ACTIONS" if s.actions else "ACTIONS  none")
     out += [f"  {text}" for _, text in s.actions]
     return "\n".join(out) + "\n"
+
+
+def redraw(text: str, first: bool) -> str:
+    """A frame that replaces the previous one in place: the cursor home, each line cleared
+    to its end, the rest of the screen cleared (the first frame clears it all)."""
+    body = "\x1b[K\n".join(text.rstrip("\n").split("\n"))
+    return ("\x1b[2J" if first else "") + "\x1b[H" + body + "\x1b[K\n\x1b[J"
 
 
 def render_rich(s: Summary, console) -> None:
@@ -313,7 +329,8 @@ def render_rich(s: Summary, console) -> None:
             leaking = cells[0] in r.leaking
             t.add_row("", Text(f"pid {cells[0]} {cells[1]}",
                                style="bold red" if leaking else ""),
-                      Text(f"{cells[3]} {cells[4]}".strip(), style="bold red"), cells[2])
+                      Text(f"{cells[3]} {cells[4]}".strip(), style="bold red"),
+                      f"{cells[2]} {cells[5]}".strip())
         if r.more:
             t.add_row("", Text(f"… {r.more} more processes", style="dim"))
     console.print(t)

@@ -18,6 +18,7 @@ MODULES = (
     "gpuwatch.exporter.families.remediation",
     "gpuwatch.exporter.families.allocator",
     "gpuwatch.exporter.families.attribution",
+    "gpuwatch.exporter.families.oom",
 )
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
+from gpuwatch.exporter.metric import GaugeMetricFamily, Metric
 from gpuwatch.exporter.snapshot import Snapshot
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
+from gpuwatch.exporter.metric import CounterMetricFamily, GaugeMetricFamily, Metric
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.xid import describe
 
@@ -38,6 +37,14 @@ GAUGES = (
     ("memory_utilization_ratio", "memory_bandwidth_utilization_ratio",
      "Share of the last sample period device memory was read or written (0-1).", 1),
     ("temperature_celsius", "temperature_celsius", "GPU core temperature.", 1),
+    ("memory_temperature_celsius", "memory_temperature_celsius",
+     "HBM temperature (absent where the board has no memory sensor).", 1),
+    ("memory_temperature_max_celsius", "memory_temperature_max_celsius",
+     "HBM temperature at which the GPU slows down.", 1),
+    ("fan_speed_ratio", "fan_speed_ratio",
+     "Fan speed the board asks for, 0-1 (absent where it has no fans: SXM, passive).", 1),
+    ("performance_state", "performance_state",
+     "Performance state: 0 (P0, most performance) to 15 (P15, least).", 1),
     ("power_watts", "power_watts", "Power draw.", 1),
     ("power_limit_watts", "power_limit_watts", "Enforced power limit.", 1),
     ("sm_clock_hz", "sm_clock_hertz", "SM clock.", 1),
@@ -45,6 +52,10 @@ GAUGES = (
     ("pcie_tx_bytes_per_second", "pcie_tx_bytes_per_second", "PCIe transmit throughput.", 1),
     ("pcie_rx_bytes_per_second", "pcie_rx_bytes_per_second", "PCIe receive throughput.", 1),
 )
+
+MEDIA_ENGINES = (("encoder_utilization_ratio", "encoder"),
+                 ("decoder_utilization_ratio", "decoder"),
+                 ("jpeg_utilization_ratio", "jpeg"), ("ofa_utilization_ratio", "ofa"))
 
 
 def collect(snap: Snapshot) -> Iterator[Metric]:
@@ -75,6 +86,10 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     xid_info = GaugeMetricFamily("gpuwatch_xid_info", "What an XID seen on this host means "
                                  "and what to do (value 1).",
                                  labels=["xid", "description", "action"])
+    media = GaugeMetricFamily(
+        P + "media_engine_utilization_ratio",
+        "Share of NVML's sampling period each media engine was busy (0-1), by engine.",
+        labels=[*L, "engine"])
     seen: set[int] = set()
     energy = CounterMetricFamily(P + "energy_joules", "Energy consumed since the driver "
                                  "loaded.", labels=L)
@@ -88,6 +103,10 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
             v = getattr(g, f)
             if v is not None:
                 gauges[f].add_metric(lv, v * scale)
+        for field, engine in MEDIA_ENGINES:
+            v = getattr(g, field)
+            if v is not None:
+                media.add_metric([*lv, engine], v)
         if g.clocks_event_reasons is not None:
             for bit, name in CLOCKS_EVENT_REASONS.items():
                 reasons.add_metric([*lv, name], 1 if g.clocks_event_reasons & bit else 0)
@@ -110,4 +129,4 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     yield info
     yield lost
     yield from gauges.values()
-    yield from (reasons, ecc, remapped, xid, xid_info, energy)
+    yield from (media, reasons, ecc, remapped, xid, xid_info, energy)

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
-
 from gpuwatch.exporter.families.process import PROCESS_LABELS, process_labels
+from gpuwatch.exporter.metric import GaugeMetricFamily, InfoMetricFamily, Metric
 from gpuwatch.exporter.snapshot import Snapshot
 
 L = ["gpu", "uuid"]

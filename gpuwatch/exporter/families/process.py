@@ -1,12 +1,12 @@
-"""Per-process GPU memory; series of exited processes disappear with them."""
+"""Per-process GPU memory, and the host CPU time and resident memory next to it (as nvitop
+shows them); series of exited processes disappear with them."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
+from gpuwatch.exporter.metric import CounterMetricFamily, GaugeMetricFamily, Metric
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import ATTRIBUTION_FIELDS
 
@@ -49,9 +49,23 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         "gpuwatch_process_start_time_seconds", "Process start time (Unix seconds).",
         labels=PROCESS_LABELS,
     )
+    cpu = CounterMetricFamily(
+        "gpuwatch_process_cpu_seconds",
+        "Host CPU time the process used, user and system (read every few seconds).",
+        labels=PROCESS_LABELS,
+    )
+    rss = GaugeMetricFamily(
+        "gpuwatch_process_resident_memory_bytes",
+        "Host memory the process holds resident (RSS; read every few seconds).",
+        labels=PROCESS_LABELS,
+    )
     for g in snap.tick.gpus:
         for p in g.processes:
             lv = process_labels(g, p)
+            if p.cpu_seconds_total is not None:
+                cpu.add_metric(lv, p.cpu_seconds_total)
+            if p.resident_memory_bytes is not None:
+                rss.add_metric(lv, p.resident_memory_bytes)
             pod_labels = {label_name(k): p.pod_labels.get(k, "") for k in keys}
             info.add_metric([*lv, p.user, p.type, *pod_labels.values()], 1)
             if p.used_memory_bytes is not None:
@@ -61,3 +75,5 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     yield used
     yield info
     yield start
+    yield cpu
+    yield rss

@@ -6,7 +6,7 @@ increase() see the first action instead of a series that appears out of nowhere.
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily
+from gpuwatch.exporter.metric import CounterMetricFamily
 
 ACTIONS = ("flush", "snapshot", "signal", "exec")
 RESULTS = ("ok", "failed", "dry_run", "skipped_cooldown", "skipped_rate_limit", "refused")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from gpuwatch import __version__
+from gpuwatch.exporter.metric import CounterMetricFamily, GaugeMetricFamily, Metric
 from gpuwatch.exporter.snapshot import Snapshot
 
 

@@ -6,11 +6,13 @@ probe, which reports what it released), or an engine's cache endpoint (vLLM
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
-
 from gpuwatch.remediation.hooks import HookFailed, probe_channel
+
+if TYPE_CHECKING:
+    import aiohttp
 
 # Engine kind -> the path of its cache flush, relative to the server root.
 ENGINE_FLUSH_PATHS = {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}
@@ -56,6 +58,8 @@ async def via_probe(probe_dir: str, pid: int, timeout: float) -> dict:
 
 
 async def via_engine(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) -> dict:
+    import aiohttp
+
     detail = {"via": "engine", "engine": ep.engine, "url": ep.url}
     try:
         async with session.request(ep.method, ep.url, headers=ep.headers,

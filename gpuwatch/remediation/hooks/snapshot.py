@@ -92,6 +92,33 @@ def enforce_cap(directory: Path, max_total_bytes: int, keep: set[Path] = frozens
     return deleted
 
 
+def adopt(copies: list[tuple[str, Any]], target: Target, t: float, *, directory: str,
+          max_total_bytes: int) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """Bring files a probe wrote (an OOM record and its history pickle) into the snapshot
+    directory, named and capped as snapshots are. copies: (suffix, copy) pairs, where
+    copy(dest) copies one file into the new file dest with the probe channel's checks
+    (gpuwatch.probe_channel.requests.copy_named). Blocking. Returns (suffix -> path of what
+    was adopted, names deleted for the cap, suffix -> why a file was not adopted)."""
+    d = prepare_dir(directory)
+    stem = file_stem(t, target)
+    adopted: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for suffix, copy in copies:
+        for n in range(1000):  # two records of one process stamped the same microsecond
+            dest = d / (f"{stem}-{n}-{suffix}" if n else f"{stem}-{suffix}")
+            try:
+                copy(str(dest))
+            except FileExistsError:
+                continue
+            except (OSError, ValueError) as exc:
+                failed[suffix] = str(exc)[:300]
+            else:
+                adopted[suffix] = str(dest)
+            break
+    deleted = enforce_cap(d, max_total_bytes, keep={Path(p) for p in adopted.values()})
+    return adopted, deleted, failed
+
+
 async def take(snap: Any, target: Target, event: dict[str, Any], *, directory: str,
                max_total_bytes: int, probe_dir: str, has_probe: bool, history: bool,
                timeout: float, t: float) -> dict:

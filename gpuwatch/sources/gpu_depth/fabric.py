@@ -36,6 +36,7 @@ def judge(state: int, status: int, health_mask: int) -> tuple[str, bool | None]:
 
 class Fabric:
     name = "fabric"
+    tier = "slow"
 
     def read(self, dev: Any) -> dict[str, Any]:
         info = dev.get("fabric", _info)

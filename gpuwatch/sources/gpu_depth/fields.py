@@ -24,6 +24,7 @@ def _value(v: Any) -> int:
 
 class FieldValues:
     name = "field_values"
+    tier = "slow"
 
     def __init__(self) -> None:
         self.ids = list(FIELDS)

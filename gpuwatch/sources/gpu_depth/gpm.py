@@ -42,6 +42,7 @@ def metrics_between(prev: Any, cur: Any) -> dict[str, float]:
 
 class Gpm:
     name = "gpm"
+    tier = "slow"
 
     def __init__(self) -> None:
         self._prev: Any = None

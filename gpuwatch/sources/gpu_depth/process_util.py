@@ -12,6 +12,7 @@ from gpuwatch.model import ProcessUtilization
 
 class ProcessUtil:
     name = "process_utilization"
+    tier = "slow"
 
     def __init__(self) -> None:
         self._since_us = 0  # NVML's own timestamps: only samples newer than the last read

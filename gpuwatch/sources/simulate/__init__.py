@@ -18,6 +18,14 @@ SCENARIOS = tuple(scenarios.SCENARIOS)
 SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
+def _host_figures(spec: ProcessSpec, age: float) -> dict:
+    """A serving process's host side: most of a core busy feeding the GPU, a few GiB resident
+    (the framework, the tokenizer, pinned staging buffers)."""
+    busy = 0.55 + 0.02 * (spec.slot % 10)
+    return {"cpu_ratio": busy, "cpu_seconds_total": round(busy * max(age, 0.0), 1),
+            "resident_memory_bytes": int((2.0 + 0.25 * (spec.slot % 8)) * GIB)}
+
+
 def _pid(spec: ProcessSpec, gen: int) -> int:
     return 40000 + spec.slot * 1000 + gen
 
@@ -71,12 +79,14 @@ class SimulatedBackend:
         out = []
         alive = self._alive(elapsed)
         for g, gpu in enumerate(self.scenario.gpus):
-            name, total = gpu.model
+            model = gpu.model
+            name, total = model.name, model.total_bytes
             procs = [
                 ProcessSample(
                     pid=self._pid(spec, gen), name=spec.name, user=spec.user,
                     used_memory_bytes=int(used),
                     create_time=self._create_time(spec, round(now - age, 3)),
+                    **_host_figures(spec, age),
                 )
                 for gi, spec, gen, age, used, _ in alive if gi == g
             ]
@@ -90,8 +100,17 @@ class SimulatedBackend:
                 memory_free_bytes=int(total - gpu.reserved_bytes - used),
                 memory_reserved_bytes=gpu.reserved_bytes,
                 utilization_ratio=round(util, 2), memory_utilization_ratio=round(util * 0.6, 2),
-                temperature_celsius=round(38 + 30 * util), power_watts=round(90 + 500 * util, 1),
-                power_limit_watts=700.0, sm_clock_hz=1980e6 if util > 0.05 else 345e6,
+                temperature_celsius=round(38 + 30 * util),
+                # what the model draws, from idle to near its own limit
+                power_watts=round(model.idle_watts + (0.9 * model.power_limit_watts
+                                                      - model.idle_watts) * util, 1),
+                power_limit_watts=model.power_limit_watts,
+                memory_temperature_celsius=round(42 + 28 * util) if model.hbm else None,
+                fan_speed_ratio=round(0.3 + 0.5 * util, 2) if model.fans else None,
+                performance_state=0 if util > 0.05 else 8,
+                encoder_utilization_ratio=0.0, decoder_utilization_ratio=0.0,
+                jpeg_utilization_ratio=0.0, ofa_utilization_ratio=0.0,
+                sm_clock_hz=1980e6 if util > 0.05 else 345e6,
                 memory_clock_hz=2619e6, clocks_event_reasons=1 if util <= 0.05 else 0,
                 ecc_volatile_corrected_total=0, ecc_volatile_uncorrected_total=0,
                 remapped_rows_correctable=0, remapped_rows_uncorrectable=0,
@@ -138,7 +157,7 @@ class SimulatedBackend:
     def sample_slow(self, now: float) -> dict[str, dict]:
         elapsed = self._elapsed(now)
         out = {}
-        for g in self.sample(now):
+        for g, spec in zip(self.sample(now), self.scenario.gpus, strict=True):
             fields = {
                 "energy_joules_total": round(300.0 * elapsed, 1),
                 "pcie_tx_bytes_per_second": 2.0e8 * (1 + math.sin(elapsed / 13.0)),
@@ -146,6 +165,8 @@ class SimulatedBackend:
                 "mig_mode": False,
                 "recovery_action": 0,
             }
+            if spec.model.hbm:
+                fields["memory_temperature_max_celsius"] = 95.0
             if "H100" in g.name or "H200" in g.name:  # GPM exists from Hopper on
                 busy = g.utilization_ratio or 0.0
                 # an SXM board in an NVSwitch system: 18 links up, quiet, fabric registered

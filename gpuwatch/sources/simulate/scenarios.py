@@ -4,21 +4,35 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from gpuwatch.sources.simulate.kubernetes import Placement
 from gpuwatch.sources.simulate.trajectory import GIB, MIB, ProcessSpec
 
-# (NVML name, total memory as NVML reports it)
-A100_80 = ("NVIDIA A100-SXM4-80GB", 81920 * MIB)
-H100_80 = ("NVIDIA H100 80GB HBM3", 81559 * MIB)
-L40S = ("NVIDIA L40S", 46068 * MIB)
-RTX4090 = ("NVIDIA GeForce RTX 4090", 24564 * MIB)
-H200 = ("NVIDIA H200", 143771 * MIB)
+
+class GpuModel(NamedTuple):
+    """A model as NVML reports it: name, total memory, the default power limit, what it
+    draws idle, whether it has fans (SXM and passively cooled boards report none) and
+    HBM (whose temperature NVML reads; GDDR boards report none)."""
+
+    name: str
+    total_bytes: int
+    power_limit_watts: float
+    idle_watts: float
+    fans: bool = False
+    hbm: bool = True
+
+
+A100_80 = GpuModel("NVIDIA A100-SXM4-80GB", 81920 * MIB, 400.0, 60.0)
+H100_80 = GpuModel("NVIDIA H100 80GB HBM3", 81559 * MIB, 700.0, 70.0)
+L40S = GpuModel("NVIDIA L40S", 46068 * MIB, 350.0, 35.0, hbm=False)
+RTX4090 = GpuModel("NVIDIA GeForce RTX 4090", 24564 * MIB, 450.0, 25.0, fans=True, hbm=False)
+H200 = GpuModel("NVIDIA H200", 143771 * MIB, 700.0, 75.0)
 
 
 @dataclass(frozen=True)
 class GpuSpec:
-    model: tuple[str, int]
+    model: GpuModel
     processes: tuple[ProcessSpec, ...] = ()
     # Driver-reserved memory (memory-info v2 `reserved`), not counted in `used`.
     reserved_bytes: int = 512 * MIB
