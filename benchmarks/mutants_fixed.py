@@ -18,13 +18,15 @@ from dataclasses import dataclass
 # module -> the test files that cover it, the bite tests first
 COVER: dict[str, tuple[str, ...]] = {
     "gpuwatch/probe_channel/requests.py": (
-        "tests/test_bite_probe_channel.py", "tests/test_probe_agent.py",
-        "tests/test_remediation_probe.py"),
+        "tests/test_bite_probe_channel.py", "tests/test_bite_oom_records.py",
+        "tests/test_probe_agent.py", "tests/test_remediation_probe.py"),
     "gpuwatch/probe_channel/protocol.py": (
         "tests/test_bite_probe_channel.py", "tests/test_bite_probe_reader.py",
         "tests/test_probe_reader.py", "tests/test_probe_agent.py"),
     "gpuwatch/sources/probes.py": (
         "tests/test_bite_probe_reader.py", "tests/test_probe_reader.py"),
+    "gpuwatch/sources/oom_records.py": (
+        "tests/test_bite_oom_records.py", "tests/test_oom_daemon.py"),
     "gpuwatch/probe_agent/agent.py": (
         "tests/test_bite_probe_agent.py", "tests/test_probe_agent.py"),
     "gpuwatch/webconfig.py": (
@@ -50,8 +52,8 @@ COVER: dict[str, tuple[str, ...]] = {
 
 SECURITY_MODULES = (
     "gpuwatch/probe_channel/requests.py", "gpuwatch/probe_channel/protocol.py",
-    "gpuwatch/sources/probes.py", "gpuwatch/probe_agent/agent.py", "gpuwatch/webconfig.py",
-    "gpuwatch/redact.py",
+    "gpuwatch/sources/probes.py", "gpuwatch/sources/oom_records.py",
+    "gpuwatch/probe_agent/agent.py", "gpuwatch/webconfig.py", "gpuwatch/redact.py",
 )
 
 
@@ -94,6 +96,7 @@ def apply(m: Fixed, source: str) -> str:
 R, P, S, A = ("gpuwatch/probe_channel/requests.py", "gpuwatch/probe_channel/protocol.py",
               "gpuwatch/sources/probes.py", "gpuwatch/probe_agent/agent.py")
 W, X = "gpuwatch/webconfig.py", "gpuwatch/redact.py"
+OR = "gpuwatch/sources/oom_records.py"
 PO, G = "gpuwatch/remediation/policy.py", "gpuwatch/remediation/guardrails.py"
 T = "gpuwatch/thresholds/table.py"
 
@@ -116,13 +119,17 @@ FIXED: tuple[Fixed, ...] = (
           "        if False:",
           "a probe's answer naming a snapshot file of its choice is taken as it is"),
     Fixed("requests.copy-owner", R,
-          "            if st.st_uid != uid:\n                raise ValueError(f\"{name}: owned by",
-          "            if False:\n                raise ValueError(f\"{name}: owned by",
+          "        if st.st_uid != uid:\n            raise ValueError(f\"{name}: owned by",
+          "        if False:\n            raise ValueError(f\"{name}: owned by",
           "copy_out copies a snapshot file that another uid owns"),
     Fixed("requests.copy-hardlink", R,
-          "            if st.st_nlink != 1:",
-          "            if False:",
+          "        if st.st_nlink != 1:",
+          "        if False:",
           "copy_out copies a hard link to another file"),
+    Fixed("requests.user-dir-owner", R,
+          "        if owner != uid:\n            raise ValueError(f\"{probe_dir}/{uid}: owned by",
+          "        if False:\n            raise ValueError(f\"{probe_dir}/{uid}: owned by",
+          "an OOM record is adopted from a user directory that another uid owns"),
     Fixed("protocol.regular-only", P,
           "        if not stat.S_ISREG(st.st_mode):\n            raise ValueError(f\"{name}: not a",
           "        if False:\n            raise ValueError(f\"{name}: not a",
@@ -162,6 +169,23 @@ FIXED: tuple[Fixed, ...] = (
           "                if not entry.is_file(follow_symlinks=False):",
           "                if False:",
           "the listing reader passes symlinked entries on"),
+    # -- the daemon's adoption of OOM records
+    Fixed("oom.record-owner", OR,
+          "        if st.st_uid != proc.uid:\n            raise ValueError(",
+          "        if False:\n            raise ValueError(",
+          "an OOM record that another uid owns is adopted"),
+    Fixed("oom.record-links", OR,
+          "        if st.st_nlink != 1:\n            raise ValueError(f\"{st.st_nlink} links\")",
+          "        if False:\n            raise ValueError(f\"{st.st_nlink} links\")",
+          "an OOM record hard-linked under its name is adopted"),
+    Fixed("oom.record-pid", OR,
+          "rec.format != fmt.FORMAT or rec.pid != pid or rec.seq != seq:",
+          "rec.format != fmt.FORMAT or rec.seq != seq:",
+          "an OOM record naming another pid is adopted for this one"),
+    Fixed("oom.record-create-time", OR,
+          "            raise ValueError(\"the record of an earlier process under this pid\")",
+          "            pass",
+          "the OOM record of an earlier process under the same pid is adopted"),
     # -- the probe in the user's process -------------------------------------------------------
     Fixed("agent.stale-request", A,
           "        if time.time() - req.t > self.config.request_max_age_seconds:",

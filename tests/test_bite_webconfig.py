@@ -1,8 +1,8 @@
 """Web authentication and TLS (webconfig.py) with real clients and real requests: each guard
 meets the request or the file it is there to refuse. A real daemon serves TLS 1.3 only with
-basic auth; a real aiohttp server with the daemon's own Guard middleware and TLS context
-meets what only shows with another layer taken away (the webhook's own token check, the
-dummy hash's unknown password), and those tests say so."""
+basic auth; the daemon's own HTTP server, with its Guard middleware and TLS context, meets
+what only shows with another layer taken away (the webhook's own token check, the dummy
+hash's unknown password), and those tests say so."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ import warnings
 import bcrypt
 import pytest
 import yaml
-from aiohttp import web
 
 from gpuwatch import webconfig
+from gpuwatch.exporter import server
 from gpuwatch.webconfig import Guard, WebConfigError
-from tests.helpers import Daemon, child_env, free_port, wait_until
+from tests.helpers import Daemon, child_env, wait_until
 from tests.tls_certs import CA
 
 USER, PASSWORD = "prometheus", "scrape-pass-0b7e"
@@ -89,8 +89,8 @@ def request(port: int, ctx: ssl.SSLContext, path: str, method: str = "GET",
 
 @pytest.mark.parametrize("value", ["max-age=1\r\nSet-Cookie: s=1", "a\nb", "a\rb"])
 def test_a_configured_header_value_with_cr_or_lf_is_refused_at_load(pki, value):
-    """aiohttp refuses to send such a header, so every response would fail: the file is
-    refused before anything is served, naming the header."""
+    """The HTTP layer refuses to send such a header, so every response would fail: the file
+    is refused before anything is served, naming the header."""
     path = write(pki, {"http_server_config": {"headers": {"Strict-Transport-Security": value}}})
     with pytest.raises(WebConfigError, match=r"headers\.Strict-Transport-Security: not a valid"):
         webconfig.load(path)
@@ -230,28 +230,25 @@ def test_only_the_basic_scheme_carries_credentials(daemon13, pki, scheme):
 
 @contextlib.contextmanager
 def serving(guard: Guard, bearer_paths=()):
-    """A real aiohttp server with the daemon's Guard middleware and TLS context; every route
-    answers 200 (no handler checks anything of its own)."""
+    """The daemon's own HTTP server with its Guard middleware and TLS context, on a real
+    port; every route answers 200 (no handler checks anything of its own)."""
     guard.bearer = frozenset(bearer_paths)
 
-    async def ok(request: web.Request) -> web.Response:
-        return web.Response(text="handled\n")
-    app = web.Application(middlewares=[guard.middleware])
-    app.add_routes([web.get("/metrics", ok), web.post("/alertmanager", ok)])
+    async def ok(request: server.Request) -> server.Response:
+        return server.Response("handled\n")
+    app = server.App([server.get("/metrics", ok), server.post("/alertmanager", ok)],
+                     middlewares=[guard.middleware])
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app, access_log=None)
-    loop.run_until_complete(runner.setup())
-    port = free_port()
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port,
-                                        ssl_context=guard.context).start())
+    srv = server.Server(app)
+    loop.run_until_complete(srv.start("127.0.0.1", 0, ssl=guard.context))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        yield port
+        yield srv.port
     finally:
+        asyncio.run_coroutine_threadsafe(srv.close(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
-        loop.run_until_complete(runner.cleanup())
         loop.close()
 
 
