@@ -150,7 +150,8 @@ def test_fragmentation_event_says_what_and_why():
     assert ev.message == (
         "pid 7: allocator fragmented (inactive_split/reserved 50% against its limit 35%): "
         "inactive_split/reserved 50%, "
-        "largest free block 100% of 300 MiB free, 0.00 free blocks/MiB; little free memory "
+        "largest free block 100% of 300 MiB free, 0.00 free blocks/MiB, as measured when this "
+        "event fired (the current figures are in /api/state); little free memory "
         "left in small blocks: a cache flush is due")
 
 

@@ -22,11 +22,11 @@ from gpuwatch.signals.leak import (
     FastWindow,
     LeakParams,
     LeakSeries,
-    Lifecycle,
-    RetainedTrend,
+    RetainedFloor,
     RollingMin,
     theil_sen,
 )
+from gpuwatch.signals.leak.series import scales_of as leak_scales
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.thresholds import load_table
 
@@ -79,14 +79,35 @@ def test_rolling_min():
         5, 5, 4, 4, 8, 6]
 
 
-def test_retained_trend_follows_the_floor_not_the_peaks():
-    tr = RetainedTrend(60, 300, 1440)
-    for i in range(int(3600 / 3)):
-        el = i * 3.0
-        tr.add(el, 20 * GIB + saw(el, 2 * GIB, 120) + WARN * el)
-    assert tr.slope == pytest.approx(WARN, rel=0.15)
-    first, second = tr.half_rates()
-    assert first == pytest.approx(WARN, rel=0.3) and second == pytest.approx(WARN, rel=0.3)
+def floor_of(fn, seconds: float, dt: float = 3.0) -> RetainedFloor:
+    cfg = LeakConfig()
+    f = RetainedFloor(cfg.block_seconds, cfg.block_seconds, cfg.max_floor_window_seconds,
+                      cfg.return_memory_seconds, 2 * max(cfg.scales_seconds),
+                      cfg.floor_tolerance_bytes)
+    for i in range(int(seconds / dt)):
+        f.add(i * dt, fn(i * dt))
+    return f
+
+
+def test_retained_floor_follows_the_floor_not_the_peaks():
+    # a 2 GiB sawtooth of 120 s over a leak: the floor window learns the period, and the
+    # retained memory climbs at the leak's pace, not the sawtooth's
+    f = floor_of(lambda el: 20 * GIB + saw(el, 2 * GIB, 120) + WARN * el, 3600)
+    assert 90 <= f.period <= 180  # to the block
+    pts = list(f.points)[20:]  # once the period is known
+    per_block = [b - a for a, b in itertools.pairwise(pts)]
+    assert max(per_block) < 2 * GIB / 8  # never a ramp of the sawtooth
+    rate = (pts[-1] - pts[-41]) / (40 * f.block_s)
+    assert rate == pytest.approx(WARN, rel=0.25)
+
+
+def test_a_series_that_never_comes_back_down_needs_no_floor_window():
+    # churn given back within seconds, and a leak on a flat floor: one block
+    def churn(el):
+        return 20 * GIB + (GIB if int(el) % 6 < 3 else 0) + 5 * MIB * el
+    f = floor_of(churn, 1800, dt=1.0)
+    assert f.period == f.block_s
+    assert (f.at(0) - f.at(4)) / (4 * f.block_s) == pytest.approx(5 * MIB, rel=0.1)
 
 
 def test_fast_window_wants_every_quarter_to_climb():
@@ -102,34 +123,42 @@ def test_fast_window_wants_every_quarter_to_climb():
 
 
 def test_lifecycle_phases():
-    cfg = LifecycleConfig(loading_settle_seconds=30, warmup_settle_seconds=120,
-                          warmup_max_seconds=3600)
-    life = Lifecycle(cfg, floor_window=300, t_start=0.0)
+    s = series(started=T0)
     phases = {}
-    for i in range(600):
-        t = i * 3.0
-        # loading 60 s, a warm-up peak, then flat with sawtooth
-        v = 16 * GIB * min(1.0, t / 60) + (2 * GIB if 90 < t < 150 else 0) + saw(t)
-        life.update(t, v)
-        phases.setdefault(life.phase, t)
+    for i in range(900):
+        el = i * 2.0
+        # loading 60 s in bursts, a warm-up peak, then flat with churn given back
+        v = 16 * GIB * math.ceil(min(el, 60) / 10) / 6 + (2 * GIB if 90 < el < 110 else 0)
+        v += 800 * MIB if int(el) % 8 < 2 else 0
+        s.update(T0 + el, v)
+        phases.setdefault(s.phase, el)
     assert phases[LOADING] == 0
-    assert 60 < phases[WARMUP] < 150
-    assert phases[WARMUP] + 300 <= phases[STEADY] < 900
+    assert 60 < phases[WARMUP] < 180  # the first pause after the load
+    assert phases[WARMUP] + 120 <= phases[STEADY] < 900
     # a reload (memory released, loaded again) starts over
-    assert life.update(1800.0, 0.3 * GIB) is True and life.phase == LOADING
+    s.update(T0 + 1800.0, 0.3 * GIB)
+    assert s.phase == LOADING
 
 
 def test_old_processes_are_steady_at_once():
-    life = Lifecycle(LifecycleConfig(), floor_window=300, t_start=T0 - 3 * 3600)
-    assert life.update(T0, 20 * GIB) is True and life.phase == STEADY
+    s = series(started=T0 - 3 * 3600)
+    s.update(T0, 20 * GIB)
+    assert s.phase == STEADY
 
 
-def test_growth_that_never_settles_is_judged_after_warmup_max():
-    cfg = LifecycleConfig(warmup_max_seconds=600)
-    life = Lifecycle(cfg, floor_window=300, t_start=0.0)
-    for i in range(400):
-        life.update(i * 3.0, GIB + WARN * 10 * i * 3.0)
-    assert life.phase == STEADY and life.t_start == 0.0
+def test_growth_from_the_start_is_loading_only_so_long():
+    # a process that grows from its first second and never pauses: taken for loading for
+    # loading_max_seconds, then judged like any other growth at a steady pace
+    s = series(started=T0)
+    changes = feed(s, lambda el: GIB + 5 * MIB * el, 900, dt=2.0)
+    assert changes and changes[0][1] == 1
+    assert LifecycleConfig().loading_max_seconds < changes[0][0] <= 90 + 300
+    assert s.judged_phase == LOADING
+
+
+def test_a_smooth_load_of_three_minutes_is_not_a_leak():
+    s = series(started=T0)
+    assert feed(s, lambda el: GIB + 100 * MIB * min(el, 180), 1800, dt=2.0) == []
 
 
 # -- one series ----------------------------------------------------------------------------
@@ -372,49 +401,55 @@ def test_leak_metrics_present_for_every_judged_series():
 # -- behaviours pinned: a mutation of either line fails here ---------------------------------
 
 
-def test_floor_window_evicts_exactly_floor_window_buckets():
-    """The retained point of bucket k is the minimum of buckets k-4..k (5 min at 1 min)."""
-    tr = RetainedTrend(60, 300, 1440)
-    values = [0.0] + [100.0 + k for k in range(1, 8)]  # a dip in bucket 0 only
+def _fixed_floor(blocks: int) -> RetainedFloor:
+    """A floor whose window is fixed at `blocks` blocks of 15 s."""
+    return RetainedFloor(15.0, 15.0 * blocks, 15.0 * blocks, 3600.0, 2880.0, 16 * MIB)
+
+
+def test_floor_window_evicts_exactly_floor_window_blocks():
+    """The retained point of block k is the lowest block value of blocks k-4..k."""
+    f = _fixed_floor(5)
+    values = [0.0] + [100.0 + k for k in range(1, 9)]  # a dip in block 0 only
     for k, v in enumerate(values):
-        tr.add(k * 60.0 + 1, v)
-        tr.add(k * 60.0 + 31, v)  # two samples each: the floor is the second smallest
-    by_end = dict(tr.points)  # bucket k's point is stamped at its end, (k + 1) x 60
-    assert by_end[5 * 60.0] == 0.0  # bucket 4: buckets 0..4, the dip is still in
-    assert by_end[6 * 60.0] == 101.0  # bucket 5: buckets 1..5, the dip has left
+        f.add(k * 15.0 + 1, v)
+        f.add(k * 15.0 + 8, v)  # two samples each: a block's value is its second smallest
+    pts = list(f.points)  # blocks 0..7 closed
+    assert pts[4] == 0.0  # block 4: blocks 0..4, the dip is still in
+    assert pts[5] == 101.0  # block 5: blocks 1..5, the dip has left
 
 
 def test_one_sample_caught_low_does_not_hold_the_floor_down():
-    tr = RetainedTrend(60, 300, 1440)
-    for i in range(200):
-        t = i * 3.0
-        tr.add(t, 20 * GIB - (600 * MIB if i == 50 else 0) + WARN * t)
-    lows = [v for _, v in tr.points]
+    f = floor_of(lambda el: 20 * GIB - (600 * MIB if el == 150.0 else 0) + WARN * el, 600)
+    lows = list(f.points)
     assert min(lows) >= 20 * GIB - MIB  # the lone 600 MiB dip never shows
-    assert all(b > a for a, b in itertools.pairwise(lows[4:]))
+    assert all(b > a for a, b in itertools.pairwise(lows))
 
 
-def _trend_series(first_rate: float, second_rate: float) -> LeakSeries:
-    """A steady series whose retained points over 24 min rise at first_rate, then at
-    second_rate (bytes/s)."""
-    s = series()
-    v, t = 20.0 * GIB, 0.0
-    for i in range(25):
-        s.trend.points.append((t, v))
-        rate = first_rate if i < 12 else second_rate
-        t += 60.0
-        v += rate * 60.0
-    return s
+def _scales_on(first_rate: float, second_rate: float):
+    """Scales over retained memory that rose at first_rate (bytes/s) for 12 min, then at
+    second_rate, and its 24-min scale's evidence."""
+    cfg = LeakConfig()
+    f = _fixed_floor(1)
+    sc = leak_scales(cfg, f)
+    v, out = 20.0 * GIB, None
+    for k in range(2 * 96 + 1):
+        rate = first_rate if k < 96 + 48 else second_rate
+        v += rate * 15.0
+        f.add(k * 15.0 + 1, v)
+        f.add(k * 15.0 + 8, v)
+        if k > 1:
+            out = sc.update(LeakParams.from_config(cfg, load_table()).warn_on)
+    return next(e for e in out if e.scale == 1440.0)
 
 
 def test_levelling_guard_refuses_growth_that_levels_off():
-    # both halves rise faster than the sustained share of the slope ...
-    assert _trend_series(8 * WARN, 4 * WARN)._sustained(WARN)
-    # ... but a second half under 0.4 of the first is warm-up levelling off, not a leak
-    assert not _trend_series(8 * WARN, 2.8 * WARN)._sustained(WARN)
-    assert _trend_series(8 * WARN, 3.4 * WARN)._sustained(WARN)
-    # and each half must rise at least 0.4 of the slope
-    assert not _trend_series(WARN, 0.3 * WARN)._sustained(WARN)
+    # both halves of the 24-min window rise, the second at 0.5 of the first: a leak ...
+    assert _scales_on(8 * WARN, 4 * WARN).shaped
+    # ... but a second half under 0.4 of the first is warm-up levelling off
+    assert not _scales_on(8 * WARN, 2.8 * WARN).shaped
+    assert _scales_on(8 * WARN, 3.4 * WARN).shaped
+    # and a second half that barely rises is one step, not a leak
+    assert not _scales_on(WARN, 0.05 * WARN).shaped
 
 
 # -- one episode, hysteresis and the life cycle -----------------------------------------------
@@ -462,11 +497,11 @@ def test_a_critical_leak_that_stops_resolves_once_after_its_hold():
     assert stop + 300 <= events[1].t - T0 <= stop + 300 + 60
 
 
-def test_phase_changes_keep_the_verdict():
+def test_a_new_source_keeps_the_verdict_and_the_phase():
     s = series(started=T0)  # just started: loading
     life = s.life
-    s.level, s.value, s.threshold = 2, CRIT, CRIT * 0.9
-    s._reset()  # what a phase change does (baselines only)
+    s.verdict.judge(T0, 2, CRIT, CRIT * 0.9, s.phase, None, 0.0, 0.0, 0.0)
+    s.rebase()  # what a change of source does (baselines only)
     assert s.level == 2 and life is s.life
 
 

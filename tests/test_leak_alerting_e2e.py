@@ -3,10 +3,15 @@ the committed exporters/prometheus.yml and alerts/ rules, a real Alertmanager ru
 committed exporters/alertmanager.yml. Only addresses are rewritten (targets, Alertmanager,
 receivers to a local webhook); intervals, rules, routes and inhibitions stay as shipped.
 
-Three simulated hosts run at once for ~13 minutes:
+Five simulated hosts run at once for ~18 minutes:
 - `leak` (64 MiB/s): GpuwatchProcessMemoryLeak fires within 4 min and stays firing for 8
   more, with no resolve at Alertmanager, and the daemon logs one firing event for it;
 - `leak-fixed` (the leak stops after 3 min): the alert fires, then resolves exactly once;
+- `leak-start` (10 MiB/s from its process's 20th second, for 9 min): the alert fires within
+  the target for a leak that starts with its process (6.5 min) plus the rule's `for:` and
+  the scrape, keeps firing while the leak lasts, then resolves exactly once;
+- `fill` (four servers grow together): GpuwatchGpuTimeToOom fires from the GPU's own
+  projection, before any one process is judged leaking;
 - `mixed`: no leak, zone or engine alert fires.
 """
 
@@ -24,7 +29,7 @@ import yaml
 
 from tests.helpers import REPO, Proc, free_port, http_get, require_binary, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1500)]
 
 LEAK_ALERT = "GpuwatchProcessMemoryLeak"
 QUIET_ON_MIXED = ("GpuwatchProcessMemoryLeak", "GpuwatchGpuMemoryLeak", "GpuwatchGpuMemoryZone",
@@ -32,6 +37,11 @@ QUIET_ON_MIXED = ("GpuwatchProcessMemoryLeak", "GpuwatchGpuMemoryLeak", "Gpuwatc
                   "GpuwatchQueueLatencyHigh", "GpuwatchEnginePreemptions")
 FIRE_WITHIN = 240.0
 STAY_FIRING = 480.0
+# leak-start: its process starts 20 s in and leaks from its 20th second for 9 min; the
+# target for a leak in a process's first minute at 10 MiB/s is max(90 s, 400 MiB / r) + 5
+# min; then the rule's `for: 1m`, a scrape (5 s) and an evaluation (15 s)
+START_ONSET, START_TARGET, START_STOP = 40.0, 390.0, 580.0
+START_FIRES_BY = START_ONSET + START_TARGET + 60 + 5 + 15 + 15  # + the daemon's own start
 
 
 class Webhook:
@@ -111,16 +121,19 @@ def _events(path) -> list[dict]:
 def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tmp_path):
     webhook = Webhook()
     am = alertmanager(_alertmanager_config(webhook))
-    logs = {name: tmp_path / f"events-{name}.jsonl" for name in ("leak", "leak-fixed", "mixed")}
+    names = ("leak", "leak-fixed", "mixed", "leak-start", "fill")
+    logs = {name: tmp_path / f"events-{name}.jsonl" for name in names}
     d = {name: daemon("--simulate", name, "--dry-run", "--events-log", str(log))
          for name, log in logs.items()}
     started = time.monotonic()
     prom, prom_url = _prometheus(tmp_path, [x.address for x in d.values()],
                                  am.url.removeprefix("http://"))
-    leak, fixed, mixed = (d[n].address for n in ("leak", "leak-fixed", "mixed"))
+    leak, fixed, mixed, start, fill = (d[n].address for n in names)
     try:
         fired_at = None
         fixed_seen: list[bool] = []  # the leak-fixed alert active at Alertmanager, per poll
+        start_seen: list[tuple[float, bool]] = []  # leak-start's alert firing in Prometheus
+        fill_fired: float | None = None
         mixed_fired: list[dict] = []
         gaps: list[float] = []
         while True:
@@ -135,12 +148,20 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
                 gaps.append(now)
             fixed_seen.append(any(a["labels"]["alertname"] == LEAK_ALERT
                                   and a["labels"].get("instance") == fixed for a in am_alerts))
+            fresh = _firing(alerts, start, LEAK_ALERT)
+            assert {a["labels"]["process"] for a in fresh} <= {"fresh-leaker"}
+            start_seen.append((now, bool(fresh)))
+            if fill_fired is None and _firing(alerts, fill, "GpuwatchGpuTimeToOom"):
+                fill_fired = now
             mixed_fired += [a for name in QUIET_ON_MIXED for a in _firing(alerts, mixed, name)]
             if fired_at is None:
                 assert now < FIRE_WITHIN, "GpuwatchProcessMemoryLeak did not fire within 4 min"
-            elif now >= fired_at + STAY_FIRING and not fixed_seen[-1] and any(fixed_seen):
+            start_done = (any(on for _, on in start_seen) and not start_seen[-1][1]
+                          and now > START_STOP + 60)
+            if (now >= fired_at + STAY_FIRING and not fixed_seen[-1] and any(fixed_seen)
+                    and start_done and fill_fired is not None):
                 break
-            assert now < 15 * 60, "leak-fixed did not resolve"
+            assert now < 21 * 60, "leak-fixed or leak-start did not resolve"
             time.sleep(5)
 
         # leak: firing without a gap for 8 minutes, no resolve sent by Alertmanager,
@@ -162,6 +183,25 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
         fixed_events = [e for e in _events(logs["leak-fixed"]) if e["signal"] == "memory_leak"]
         assert [e["state"] for e in fixed_events] == ["firing", "resolved"]
         assert fixed_events[1]["ref"] == fixed_events[0]["id"]
+
+        # leak-start: fired within its target plus `for:`, held while it leaked, then
+        # resolved once, in Prometheus and in the daemon's log
+        on = [t for t, firing in start_seen if firing]
+        assert on and on[0] <= START_FIRES_BY, on[:1]
+        assert all(firing for t, firing in start_seen if on[0] <= t <= START_STOP)
+        assert sum(1 for a, b in itertools.pairwise(start_seen) if a[1] and not b[1]) == 1
+        start_events = [e for e in _events(logs["leak-start"]) if e["signal"] == "memory_leak"]
+        assert [(e["state"], e["pid"]) for e in start_events] == [
+            ("firing", 41000), ("resolved", 41000)]
+        assert start_events[1]["ref"] == start_events[0]["id"]
+
+        # fill: the GPU's time to OOM fired from its own memory, before any process's leak
+        fill_events = _events(logs["fill"])
+        tto = [e for e in fill_events if e["signal"] == "time_to_oom"]
+        assert tto and tto[0]["state"] == "firing"
+        assert "projected from its retained memory" in tto[0]["message"]
+        assert not [e for e in fill_events if e["signal"] == "memory_leak"
+                    and e["t"] <= tto[0]["t"]]
 
         # mixed: nothing fired
         assert mixed_fired == []

@@ -15,8 +15,9 @@ from tests.helpers import REPO, wait_until
 
 pytestmark = pytest.mark.integration
 
-# The daemon's leak analysis judges a trend over 12+ minutes of steady memory by default;
-# these windows let a test see leak rates and times to OOM within a minute or two.
+# The daemon's leak analysis judges scales of a minute and more, and a series first seen
+# already running only after a longest floor window; these settings let a test see leak
+# rates and times to OOM within a minute or two.
 FAST_LIFECYCLE = """
 [signals.leak.lifecycle]
 loading_settle_seconds = 5.0
@@ -25,10 +26,9 @@ warmup_max_seconds = 30.0
 """
 FAST_SIGNALS = FAST_LIFECYCLE + """
 [signals.leak]
-bucket_seconds = 5.0
-floor_window_seconds = 15.0
-trend_window_seconds = 120.0
-min_trend_seconds = 40.0
+block_seconds = 5.0
+max_floor_window_seconds = 20.0
+scales_seconds = [20.0, 40.0, 120.0]
 """
 # What Grafana would put in the dashboards' variables for this test's single target.
 RATE_INTERVAL = "20s"

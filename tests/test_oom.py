@@ -80,14 +80,18 @@ def test_fast_leak_near_the_budget_raises_time_to_oom():
 
 
 def test_slow_leak_close_to_the_budget_is_critical_through_time_to_oom():
-    # 30 MiB/min from 1.2 GiB under the budget: by the time the trend is established
-    # (~600 MiB later) the warning slope runs out of budget within 30 min
+    # 30 MiB/min from 1.2 GiB under the budget: found as a warning, it becomes critical in
+    # the same episode once its time to OOM falls under the 30 min horizon
     rate = 30 * MIB / 60
     base = BUDGET - 500 * MIB - 1200 * MIB
     events, _derived = run_leak(rate, base, 3600 + 45 * 60)
-    leak = [e for e in events if e.signal == "memory_leak" and e.state == "firing"]
-    assert leak and leak[0].pid == 7
-    assert leak[0].severity == "critical" and "time to OOM" in leak[0].message
+    leak = [e for e in events if e.signal == "memory_leak"]
+    assert [(e.state, e.severity, e.pid) for e in leak] == [
+        ("firing", "warning", 7), ("firing", "critical", 7)]
+    assert "time to OOM" in leak[1].message and leak[1].ref == leak[0].id
+    # when it became critical, the headroom left at that rate was under 30 min
+    used = base + rate * (leak[1].t - T0 - 3600) + 500 * MIB
+    assert (BUDGET - used) / rate < 1800 * 1.1
     # the entry level it crossed: the warning slope less its tolerance
     assert leak[0].threshold == pytest.approx(0.9 * 12 * MIB / 60)
 

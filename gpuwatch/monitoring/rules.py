@@ -227,6 +227,11 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
                          "humanizeDuration", " before", prefix="gpuwatch predicted it ",
                          missing="gpuwatch had not predicted it")
     q = p.queue_latency_quantile
+    # the daemon's own projection of the GPU's retained memory (time to OOM 0: past the
+    # budget and still growing); its time_to_oom event names the processes growing most
+    tto_text = (f"The memory {ident} keeps is growing: it reaches its memory budget in "
+                f"{ttoom} (0s: already past it); the daemon's time_to_oom event names the "
+                "processes growing most.")
 
     exporter = [
         Alert("GpuwatchExporterDown", f"up{{{j}}} == 0", "critical",
@@ -293,13 +298,11 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
         Alert("GpuwatchGpuTimeToOom",
               f"gpuwatch_gpu_time_to_oom_severity{{{j}}} >= 1", "warning",
               f"A GPU will run out of memory within {_span(p.time_to_oom_warning_seconds)}.",
-              f"At its current leak rate {ident} reaches its memory budget in {ttoom}.",
-              "1m", leak_keep),
+              f"{tto_text}", "1m", leak_keep),
         Alert("GpuwatchGpuTimeToOom",
               f"gpuwatch_gpu_time_to_oom_severity{{{j}}} == 2", "critical",
               f"A GPU will run out of memory within {_span(p.time_to_oom_critical_seconds)}.",
-              f"At its current leak rate {ident} reaches its memory budget in {ttoom}.",
-              "0m", leak_keep),
+              f"{tto_text}", "0m", leak_keep),
         # An OOM is an occurrence: its counter rose (or its series appeared) in the last 10
         # minutes. The series outlives the process an hour, so the alert fires once, then
         # resolves. A failure a retry inside torch absorbed (recovered) is not paged.

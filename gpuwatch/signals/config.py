@@ -33,21 +33,28 @@ class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class LifecycleConfig(Section, kw_only=True):
-    """Spec §3: loading -> warm-up -> steady. Before steady only fast sustained growth is
-    judged (LeakConfig.early_*)."""
+    """Spec §3: loading -> warm-up -> steady, recognised by the memory's shape
+    (signals/leak/lifecycle.py)."""
 
-    # Growth pauses this long (no new high): loading is over, warm-up begins.
+    # Loading is over once the retained memory, having grown by 4 x settle_bytes, stays
+    # within pause_bytes this long: the first pause. Strict: a warm-up that levels off
+    # slowly has not paused while it still climbs a few MiB a second.
     loading_settle_seconds: PositiveFloat = 30.0
-    # A rise counts as a new high above max(new_high_bytes, new_high_ratio x the old high).
-    new_high_bytes: NonNegFloat = 64 * 2**20
-    new_high_ratio: Ratio = 0.01
-    # Retained memory (the leak floor) has not risen by more than settle_bytes for this
-    # long, and warm-up has lasted one floor window: steady.
-    warmup_settle_seconds: PositiveFloat = 180.0
+    pause_bytes: NonNegFloat = 16 * 2**20
     settle_bytes: NonNegFloat = 64 * 2**20
-    # Steady at the latest this long after the process started, whatever the memory does.
+    # The steep part of loading is over once the lower envelope (the minimum over half of
+    # this) stays within settle_bytes this long: the critical path judges from then (a
+    # slower climb after it does not matter at the critical slope).
+    steep_pause_seconds: PositiveFloat = 20.0
+    # Growth before the first pause is taken for loading this long after the start; past
+    # it, growth that keeps a steady pace is judged (a smooth load of 3 min is not).
+    loading_max_seconds: PositiveFloat = 240.0
+    # Retained memory has not risen by settle_bytes for this long after loading: steady.
+    warmup_settle_seconds: PositiveFloat = 180.0
+    # Steady at the latest this long after the process started (a process found older
+    # is steady at once).
     warmup_max_seconds: PositiveFloat = 900.0
-    # A fall below this share of the steady floor is a reload: back to loading.
+    # A sample below this share of the retained memory after loading is a reload.
     reload_drop_ratio: Ratio = 0.5
     # A process missing from this many seconds of samples is gone (state dropped).
     forget_after_seconds: PositiveFloat = 60.0
@@ -55,55 +62,81 @@ class LifecycleConfig(Section, kw_only=True):
     wake_settle_seconds: NonNegFloat = 60.0
 
 
+def _default_scales() -> list[float]:
+    return [60.0, 120.0, 150.0, 300.0, 600.0, 1440.0]
+
+
 class LeakConfig(Section, kw_only=True):
     enabled: bool = True
     # Slopes (bytes/s); unset: the threshold table's (12 MiB/min and 50 MiB/s in v2.3.1).
     warning_bytes_per_second: PositiveFloat | None = None
     critical_bytes_per_second: PositiveFloat | None = None
-    # A robust slope this close below a threshold counts as reaching it.
+    # A rate this close below a threshold counts as reaching it.
     tolerance: Share = 0.1
-    # A sustained trend fires once it has held this long (a transient that outlasts the
-    # floor window lifts the floor for a few minutes at most).
-    confirm_seconds: NonNegFloat = 240.0
-    # Exit level and minimum hold: a warning falls back once the retained-memory trend has
-    # stayed below resolve_ratio x its slope for resolve_seconds; a critical once the raw
-    # lower envelope rose less than resolve_ratio x its slope on average over the last
-    # critical_resolve_seconds (no floor-window lag; sawtooth cannot hold it open).
-    resolve_ratio: Ratio = 0.5
-    resolve_seconds: NonNegFloat = 600.0
-    critical_resolve_seconds: NonNegFloat = 300.0
-    # Retained memory: the minimum over floor_window, sampled once per bucket.
-    bucket_seconds: PositiveFloat = 60.0
-    floor_window_seconds: PositiveFloat = 300.0
-    # Theil-Sen slope of the retained memory over this window ...
-    trend_window_seconds: PositiveFloat = 1440.0
-    # ... judged once it spans at least this much steady time, and only when the retained
-    # memory rose in both halves of the window by at least this share of the threshold.
-    min_trend_seconds: PositiveFloat = 1440.0
-    sustained_ratio: Ratio = 0.4
-    # ... and by at least this share of the trend judged (a trend carried by one half is a
-    # transient that has not come back down).
-    trend_share: Ratio = 0.3
-    # ... and the second half rose at least this share of the first (warm-up levels off).
+    # Retained memory (signals/leak/floor.py): the lowest block value over a floor window
+    # as long as the series' own return period (the longest seen over return_memory_seconds),
+    # within one block and max_floor_window_seconds; a return comes back within the
+    # series' tolerance (3 x its typical block-to-block change, at least this).
+    block_seconds: PositiveFloat = 15.0
+    max_floor_window_seconds: PositiveFloat = 900.0
+    return_memory_seconds: PositiveFloat = 3600.0
+    floor_tolerance_bytes: NonNegFloat = 16 * 2**20
+    # Time scales judged at once (signals/leak/scales.py): a scale shows a leak when the
+    # retained memory rose over it by the warning slope, by min_rise_bytes, and by
+    # noise_factor x its own largest fall over that scale (the history kept is twice the
+    # longest scale), through all of its `parts` (each at least part_share of an even
+    # share, none more than max_part_share of the rise), its second half at least
+    # levelling_ratio of its first, at steady_ratio of the pace before it at least (up to
+    # lookback_seconds back, not into loading).
+    scales_seconds: list[PositiveFloat] = msgspec.field(default_factory=_default_scales)
+    parts: Annotated[int, msgspec.Meta(ge=2)] = 4
+    # Scales this long or longer are judged on halves instead (both halves rise: a
+    # stepwise leak's steps come minutes apart, a lone step does not count).
+    long_scale_seconds: PositiveFloat = 1200.0
+    part_share: Ratio = 0.25
+    max_part_share: Ratio = 0.5
     levelling_ratio: Ratio = 0.4
-    # A warning is also held while the retained memory rose over this longer window
-    # (unset: the trend window's).
-    exit_window_seconds: PositiveFloat | None = None
+    steady_ratio: Ratio = 0.6
+    lookback_seconds: NonNegFloat = 180.0
+    min_rise_bytes: NonNegFloat = 96 * 2**20
+    noise_factor: NonNegFloat = 2.0
+    # Growth still in loading (no pause yet, past loading_max_seconds) is judged only on
+    # scales this long or longer, once it rose by loading_min_rise_bytes over the scale,
+    # its slowest part at least loading_part_ratio of its fastest, and its pace at least
+    # loading_steady_ratio of the pace of all of its growth before it since its load (at
+    # least half the scale, or loading_lookback_seconds when longer): a warm-up that levels
+    # off slowly is slower than it was; a scale does not judge before that much history.
+    loading_min_scale_seconds: PositiveFloat = 150.0
+    loading_min_rise_bytes: NonNegFloat = 256 * 2**20
+    loading_lookback_seconds: NonNegFloat = 0.0
+    loading_part_ratio: Ratio = 0.5
+    loading_steady_ratio: Ratio = 0.7
+    # A scale's leak shape must hold this share of the scale (at most confirm_seconds)
+    # before it fires; half of it from long_confirm_from_seconds: rises that a window only
+    # passes over (transients one after the other) hold less than half of it, a leak holds.
+    confirm_share: Ratio = 0.25
+    long_confirm_share: Ratio = 0.5
+    long_confirm_from_seconds: PositiveFloat = 150.0
+    confirm_seconds: NonNegFloat = 300.0
+    # Exit level and minimum hold: a warning falls back once the retained memory rose less
+    # than resolve_ratio x its slope over its exit window (the scale it fired on, at least
+    # exit_window_seconds) for resolve_seconds; a critical once the raw lower envelope rose
+    # less than resolve_ratio x its slope on average over the last critical_resolve_seconds.
+    resolve_ratio: Ratio = 0.5
+    exit_window_seconds: PositiveFloat = 120.0
+    resolve_seconds: NonNegFloat = 120.0
+    critical_resolve_seconds: NonNegFloat = 300.0
     # The GPU's series when the driver gives no per-process figures and it sums several
-    # processes: its floor wanders with the beat of their sawtooths (by up to their
-    # amplitude, over tens of minutes to hours) and their transients chain, so its floor
-    # and trend windows are this many times longer, and a warning is held on twice its
-    # trend window.
+    # processes: its floor wanders with the beat of their sawtooths and their transients
+    # chain, so its scales are this many times longer.
     sum_window_factor: Annotated[float, msgspec.Meta(ge=1)] = 2.0
-    # Fast path for the critical slope: the raw samples of this window, in quarters.
+    # Fast path for the critical slope in steady: the raw samples of this window, in quarters.
     critical_window_seconds: PositiveFloat = 40.0
-    # Before steady (loading, warm-up), growth is judged critical when the minima of each
-    # of early_parts parts of a full early_window climb at the critical slope, once the
-    # lower envelope has paused for early_pause_seconds since the process started (loading
-    # is over), and the growth would spend the GPU's budget within early_horizon_seconds.
+    # In warm-up, growth is critical when the minima of each of early_parts parts of a full
+    # early window climb at the critical slope, and the growth would spend the GPU's
+    # budget within early_horizon_seconds.
     early_window_seconds: PositiveFloat = 50.0
     early_parts: Annotated[int, msgspec.Meta(ge=2)] = 5
-    early_pause_seconds: PositiveFloat = 20.0
     early_horizon_seconds: PositiveFloat = 7200.0
     # Each process's series takes a sample at most this often, whatever the tick: the rate
     # the detector is tuned and benchmarked at. Faster ticks add nothing to its judgement
@@ -114,6 +147,13 @@ class LeakConfig(Section, kw_only=True):
     prefer_probe: bool = True
     probe_max_age_seconds: PositiveFloat = 30.0
     lifecycle: LifecycleConfig = msgspec.field(default_factory=LifecycleConfig)
+
+    def __post_init__(self) -> None:
+        if not self.scales_seconds:
+            raise ValueError("scales_seconds: at least one scale")
+        if min(self.scales_seconds) < self.parts * self.block_seconds:
+            raise ValueError("scales_seconds: each scale must span at least parts x "
+                             "block_seconds")
 
 
 class ZoneConfig(Section, kw_only=True):
@@ -132,14 +172,18 @@ class ZoneConfig(Section, kw_only=True):
 
 class TimeToOomConfig(Section, kw_only=True):
     enabled: bool = True
-    # A detected leak whose time to OOM falls under these horizons raises time_to_oom
-    # (and makes the leak critical under the critical horizon).
+    # A projected time to OOM (the GPU's retained memory, or a leak judged on it) under
+    # these horizons raises time_to_oom (and makes a leak critical under the critical one).
     critical_seconds: PositiveFloat = 1800.0
     warning_seconds: PositiveFloat = 7200.0
     # Resolve only once the time to OOM is this factor above the horizon.
     resolve_factor: Annotated[float, msgspec.Meta(ge=1)] = 1.2
     # ... and that has held this long (minimum hold of a level).
     hold_seconds: NonNegFloat = 120.0
+    # The GPU's projection counts the growth of processes that may still be loading only
+    # on scales this long or longer, and only when it would spend the headroom before that
+    # loading could have ended (signals/projection.py).
+    loading_scale_seconds: PositiveFloat = 120.0
 
 
 class FragmentationSignalConfig(Section, kw_only=True):

@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 @dataclass
 class GpuSignals:
     leak_rate_bytes_per_second: float | None = None
+    # +Inf unless the GPU's retained memory rises (projected) or a leak is judged on it;
+    # 0 when past its budget and still growing.
     time_to_oom_seconds: float | None = None
+    # Budget less used memory and the pools engines will take (negative: over budget).
+    headroom_bytes: float | None = None
     # The daemon's leak verdict for the GPU's own series: 0 none, 1 warning, 2 critical.
     leak_severity: int | None = None
     # The daemon's time-to-OOM verdict: 0 none, 1 warning, 2 critical (horizons).

@@ -261,7 +261,8 @@ def _message(pid: int, rule: str, value: float | None, threshold: float | None, 
     text = (f"pid {pid}: allocator fragmented ({rule} {judged}): inactive_split/reserved "
             f"{_fmt(m.fragmentation_ratio, True)}, largest free block "
             f"{_fmt(m.largest_free_share, True)} of {free} free, "
-            f"{_fmt(m.free_blocks_per_mb)} free blocks/MiB")
+            f"{_fmt(m.free_blocks_per_mb)} free blocks/MiB, as measured when this event fired "
+            f"(the current figures are in /api/state)")
     if severity == "critical":
         text += "; little free memory left in small blocks: a cache flush is due"
     return text

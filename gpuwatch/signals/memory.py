@@ -2,7 +2,8 @@
 
 Emits `memory_zone` (per GPU), `memory_leak` (per process, and per GPU for memory no
 process accounts for — or for all of it when the driver gives no per-process figures) and
-`time_to_oom` (per GPU, while a leak is detected there).
+`time_to_oom` (per GPU: from the projection of the GPU's own retained memory,
+signals/projection.py, and at no less than the rate of the leaks judged on it).
 Pure: time comes from tick.t, state is bounded per series, output is deterministic.
 """
 
@@ -20,14 +21,15 @@ from gpuwatch.model import GpuSample, ProbeSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.config import SignalsConfig
 from gpuwatch.signals.derived import Derived
-from gpuwatch.signals.leak import STEADY, LeakParams, LeakSeries
+from gpuwatch.signals.leak import LOADING, STEADY, LeakParams, LeakSeries
+from gpuwatch.signals.memory_events import SEVERITY, duration, leak_message, time_to_oom_event
 from gpuwatch.signals.oom import HorizonState, headroom_bytes, time_to_oom
 from gpuwatch.signals.pools import EnginePool, engine_pools, of_pid
+from gpuwatch.signals.projection import UNATTRIBUTED, GpuProjection
 from gpuwatch.signals.zone import ZONE_NAMES, ZoneState, planned_bytes
 from gpuwatch.thresholds.table import Row, ThresholdTable, load_table
 
 MIB = 1 << 20
-SEVERITY = {1: "warning", 2: "critical"}
 
 
 @dataclass
@@ -54,12 +56,8 @@ class _Gpu:
     zone: ZoneState = field(default_factory=ZoneState)
     horizon: HorizonState = field(default_factory=HorizonState)
     escalated: bool = False
-
-
-def _rate_text(bps: float) -> str:
-    if abs(bps) >= MIB:
-        return f"{bps / MIB:.1f} MiB/s"
-    return f"{bps * 60 / MIB:.1f} MiB/min"
+    projection: GpuProjection | None = None
+    last_value: float | None = None  # the GPU's own series' last sample
 
 
 def _ttoom(headroom: float | None, rate: float | None) -> float | None:
@@ -78,10 +76,9 @@ def _severity_level(ev: Event | None) -> int:
     return 0 if ev is None else 2 if ev.severity == "critical" else 1
 
 
-def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.0f} min"
+def _may_load(series: LeakSeries, t: float) -> bool:
+    """Whether the series' growth may still be its loading (not yet judged)."""
+    return series.phase == LOADING and not series.life.judging(t)
 
 
 class MemoryAnalyzer:
@@ -93,10 +90,8 @@ class MemoryAnalyzer:
         lc = self.cfg.leak
         k = lc.sum_window_factor
         self.sum_params = LeakParams.from_config(msgspec.structs.replace(
-            lc, floor_window_seconds=k * lc.floor_window_seconds,
-            trend_window_seconds=k * lc.trend_window_seconds,
-            min_trend_seconds=k * lc.min_trend_seconds,
-            exit_window_seconds=2 * k * lc.trend_window_seconds), self.table)
+            lc, scales_seconds=[k * s for s in lc.scales_seconds],
+            exit_window_seconds=k * lc.exit_window_seconds), self.table)
         # thinned no further than the fast windows allow: a dozen samples in the critical
         # window, three a part in the early one (shortened windows take every tick)
         self._every = min(lc.sample_interval_seconds, lc.critical_window_seconds / 12,
@@ -170,12 +165,18 @@ class MemoryAnalyzer:
             for p in sorted(gpu.processes, key=_pid):
                 pid = p.pid
                 state = states.get((uuid, pid))
-                # the common case, kept short: the same process, on NVML, between samples
+                # the common case, kept short: the same process, on NVML, between samples of
+                # the fast path (its retained memory still takes every sample)
+                used_p = p.used_memory_bytes
                 if (state is not None and pid not in probes and state.source == "nvml"
-                        and p.create_time == state.create_time
-                        and p.used_memory_bytes is not None
+                        and p.create_time == state.create_time and used_p is not None
                         and t - state.last_fed + (t - state.last_seen) <= every):
                     state.last_seen, fed = t, False
+                    pool = of_pid(pools, pid) if pools else None
+                    if pool is None:
+                        state.series.observe(t, float(used_p))
+                    elif not pool.quiet:
+                        state.series.observe(t, max(float(used_p), pool.floors.get(pid, 0.0)))
                 else:
                     state, fed = self._proc_update(t, uuid, p, probes.get(pid), headroom,
                                                    of_pid(pools, pid))
@@ -245,29 +246,51 @@ class MemoryAnalyzer:
             judged.append(max(own or 0.0, gstate.series.value or 0.0))
         events += conditions.set(t, ev, ("memory_leak", uuid, None, None))
 
-        # Time to OOM. While a leak is judged it runs at no less than the rate that leak
-        # was judged on: noise in the current estimate then only shortens it, so its
-        # verdict cannot fall back and fire again within one leak episode.
-        leaking = bool(judged)
-        ttoom_rate = sum(judged) if leaking else g_rate
-        g_ttoom = _ttoom(headroom, ttoom_rate)
+        # Time to OOM: from the projection of the GPU's own retained memory, and at no less
+        # than the rate the leaks judged on it were judged on (noise in the current estimate
+        # then only shortens it: its verdict cannot fall back and fire again in one episode).
+        # Shown only where memory rises: +Inf otherwise.
+        proj = self._project(t, gpu, gstate, headroom)
+        leaking = bool(judged) or proj is not None
+        ttoom_rate = max(sum(judged), proj.rate if proj is not None else 0.0)
+        g_ttoom = _ttoom(headroom, ttoom_rate if leaking else None)
         sig.time_to_oom_seconds = g_ttoom
+        sig.headroom_bytes = headroom
 
         if horizon.enabled:
             level = gstate.horizon.update(t, g_ttoom, leaking, horizon)
             sig.time_to_oom_severity = level
             ev = None
-            if level and g_ttoom is not None:
+            if level and g_ttoom is not None and headroom is not None:
                 limit = horizon.critical_seconds if level == 2 else horizon.warning_seconds
-                ev = Event(
-                    t=t, signal="time_to_oom", state="firing", severity=SEVERITY[level],
-                    gpu_uuid=uuid, value=g_ttoom, threshold=limit,
-                    message=(f"GPU {gpu.index} runs out of its memory budget in "
-                             f"{_duration(g_ttoom)} at {_rate_text(ttoom_rate)} "
-                             f"(under the {SEVERITY[level]} horizon of {_duration(limit)})"),
-                )
+                ev = time_to_oom_event(t, uuid, gpu.index, level, g_ttoom, headroom,
+                                       ttoom_rate, limit, proj,
+                                       {p.pid: p.name for p in gpu.processes})
             events += conditions.set(t, ev, ("time_to_oom", uuid, None, None))
         return events
+
+    def _project(self, t: float, gpu: GpuSample, gstate: _Gpu, headroom: float | None):
+        """The GPU's projection (signals/projection.py), fed each process's retained memory
+        and the GPU's own series' once per block."""
+        proj = gstate.projection
+        lc = self.cfg.leak
+        if proj is None:
+            proj = gstate.projection = GpuProjection(
+                lc, self.params.warn_on, lc.lifecycle.loading_max_seconds,
+                self.cfg.time_to_oom.loading_scale_seconds)
+        if not proj.due(t):
+            return proj.current
+        members: dict[int, tuple[float | None, bool]] = {}
+        own = gstate.series
+        if gstate.signature and gstate.signature[0]:  # per-process figures: the processes
+            for p in gpu.processes:
+                state = self._procs.get((gpu.uuid, p.pid))
+                if state is not None:
+                    members[p.pid] = (state.series.floor.at(0), _may_load(state.series, t))
+            members[UNATTRIBUTED] = (own.floor.at(0), False)
+        else:  # all of used is the GPU's own series
+            members[UNATTRIBUTED] = (own.floor.at(0), _may_load(own, t))
+        return proj.update(t, members, headroom)
 
     def _pools(self, t: float, gpu: GpuSample, derived: Derived) -> list[EnginePool]:
         """The engines' planned pools and sleep states on this GPU (signals/pools.py)."""
@@ -317,13 +340,17 @@ class MemoryAnalyzer:
         if source != state.source:
             state.source = source
             state.series.rebase()
-        # skip a sample only while the next tick still comes within the interval: ticks
-        # at or over it are all taken, faster ones thinned to about one per interval
-        elif t - state.last_fed + tick <= self._every:
+            state.last_fed = -math.inf
+        floor = pool.floors.get(p.pid, 0.0) if pool is not None else 0.0
+        value = max(float(value), floor)  # up to its pool: planned
+        # the fast path skips a sample only while the next tick still comes within the
+        # interval: ticks at or over it are all taken, faster ones thinned to about one per
+        # interval (the retained memory takes every sample)
+        if t - state.last_fed + tick <= self._every:
+            state.series.observe(t, value)
             return state, False
         state.last_fed = t
-        floor = pool.floors.get(p.pid, 0.0) if pool is not None else 0.0
-        state.series.update(t, max(float(value), floor), headroom)  # up to its pool: planned
+        state.series.update(t, value, headroom)
         return state, True
 
     def _gpu_update(self, t: float, gpu: GpuSample, used: int, headroom: float | None,
@@ -335,13 +362,22 @@ class MemoryAnalyzer:
         value = used - sum(held) if attributed else used  # type: ignore[arg-type]
         signature = (attributed, *sorted((p.pid, p.create_time or 0.0) for p in gpu.processes))
         state = self._gpus.get(gpu.uuid)
-        if state is None or state.signature != signature:
+        # Several processes that the driver gives no figure for: a sum of allocators.
+        params = self.sum_params if not attributed and len(held) > 1 else self.params
+        if (state is not None and state.signature != signature and not attributed
+                and state.signature and not state.signature[0]
+                and state.series.p is params and state.last_value is not None):
+            # All of used, and processes came or went: the same sum goes on; what those
+            # that left held is gone from its history, and those that came are loading.
+            old, new = set(state.signature[1:]), set(signature[1:])
+            gone = value - state.last_value if old - new else 0.0
+            state.series.members_changed(t, min(gone, 0.0), bool(new - old))
+            state.signature = signature
+        elif state is None or state.signature != signature:
             # A process came, went or restarted: the GPU's baseline starts again, as old
             # as its youngest process (a daemon restart finds old processes steady).
             starts = [p.create_time for p in gpu.processes]
             started = t if state is not None or not starts or None in starts else max(starts)
-            # Several processes that the driver gives no figure for: a sum of allocators.
-            params = self.sum_params if not attributed and len(held) > 1 else self.params
             series = LeakSeries(params, min(started, t))  # type: ignore[type-var]
             if state is None:
                 state = self._gpus[gpu.uuid] = _Gpu(signature, series, t)
@@ -349,6 +385,7 @@ class MemoryAnalyzer:
                 state.signature, state.series = signature, series
                 state.escalated = False
         state.last_seen = t
+        state.last_value = float(value)
         if not attributed and pools:  # all of used: the engines' pools are in it
             if any(e.quiet for e in pools):
                 return state  # an engine asleep or waking: hold
@@ -370,19 +407,14 @@ class MemoryAnalyzer:
         if level == 1 and crit_h is not None and ttoom is not None and ttoom < crit_h:
             state.escalated = True
         severity = "critical" if level == 2 or state.escalated else "warning"
-        rate, limit = series.value, series.threshold
         slope = self.params.critical if level == 2 else self.params.warning
         who = f"pid {pid} ({name or '?'}) on GPU {index}" if pid is not None else f"GPU {index}"
-        what = {"probe": "allocator reserved memory",
-                "unattributed": "memory no process accounts for"}.get(source, "memory")
-        when = "" if series.judged_phase == STEADY else f" during {series.judged_phase}"
-        msg = (f"{who}: retained {what} grows {_rate_text(rate)}{when}, at or above "
-               f"{_rate_text(limit)} ({SEVERITY[level]} slope {_rate_text(slope)} less "
-               f"{self.cfg.leak.tolerance:.0%} tolerance)")
+        msg = leak_message(who, source, series, level, slope, self.cfg.leak.tolerance)
         if state.escalated and level == 1:
-            msg += f"; time to OOM under the {_duration(crit_h)} horizon: critical"  # type: ignore[arg-type]
+            msg += f"; time to OOM under the {duration(crit_h)} horizon: critical"  # type: ignore[arg-type]
         return Event(t=t, signal="memory_leak", state="firing", severity=severity,
-                     gpu_uuid=uuid, pid=pid, value=rate, threshold=limit, message=msg)
+                     gpu_uuid=uuid, pid=pid, value=series.value, threshold=series.threshold,
+                     message=msg)
 
     # -- zone -------------------------------------------------------------------------------
 

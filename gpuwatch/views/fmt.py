@@ -40,6 +40,15 @@ def duration(s) -> str:
     return f"{s / 86400:.1f} d"
 
 
+def time_to_oom(s, headroom=None) -> str:
+    """A time to OOM, or that the budget is spent already (0: past it and still growing)."""
+    if _ok(headroom) and headroom < 0:
+        return f"over budget by {size(-headroom)}"
+    if _ok(s) and s == 0:
+        return "over budget"
+    return duration(s)
+
+
 def percent(v) -> str:
     if not _ok(v):
         return DASH

@@ -14,6 +14,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
+from gpuwatch.safetext import printable_tree
 from gpuwatch.views import fmt
 
 MAX_BODY = 64 << 20  # a state document far beyond any real host's is refused, not buffered
@@ -112,6 +113,7 @@ def _num(v) -> bool:
 
 
 def summarize(state: dict, url: str) -> Summary:
+    state = printable_tree(state)  # names, reasons, messages: nothing drives the terminal
     signals = _d(state.get("signals"))
     table = _d(signals.get("threshold_table"))
     gpus = [g for g in _l(_d(state.get("sample")).get("gpus")) if isinstance(g, dict)]
@@ -200,8 +202,10 @@ def _gpu_row(g: dict, s: dict, procsig: dict) -> GpuRow:
     leak = ""
     if _num(s.get("leak_rate_bytes_per_second")):
         leak = f"GPU leak {fmt.rate(s['leak_rate_bytes_per_second'])}"
-        if _num(s.get("time_to_oom_seconds")):
-            leak += f", OOM in {fmt.duration(s['time_to_oom_seconds'])}"
+        if _num(s.get("headroom_bytes")) and s["headroom_bytes"] < 0:
+            leak += f", {fmt.time_to_oom(None, s['headroom_bytes'])}"
+        elif _num(s.get("time_to_oom_seconds")):
+            leak += f", OOM in {fmt.time_to_oom(s['time_to_oom_seconds'])}"
     row = GpuRow(str(g.get("index", "?")), str(g.get("name") or fmt.DASH),
                  s.get("zone") if _num(s.get("zone")) else None,
                  g.get("memory_used_bytes"), g.get("memory_total_bytes"),
@@ -218,7 +222,8 @@ def _gpu_row(g: dict, s: dict, procsig: dict) -> GpuRow:
             str(p.get("pid", "?")), _who(p),
             fmt.size(p.get("used_memory_bytes")),
             f"leak {fmt.rate(rate)}" if _num(rate) else "",
-            f"OOM in {fmt.duration(ttoom)}" if _num(ttoom) else "", _host(p)]))
+            (("OOM in " if ttoom else "") + fmt.time_to_oom(ttoom)) if _num(ttoom) else "",
+            _host(p)]))
     procs.sort(key=lambda x: (not x[0], -x[1]))
     shown = [p for p in procs if p[0]] + [p for p in procs if not p[0]][:TOP_PROCESSES]
     row.processes = [cells for _, _, cells in shown[:max(TOP_PROCESSES, len(shown))]]

@@ -64,8 +64,6 @@ CHILD = textwrap.dedent("""
 """)
 
 CONFIG = {"signals": {"leak": {
-    "bucket_seconds": 5, "floor_window_seconds": 20, "trend_window_seconds": 120,
-    "min_trend_seconds": 120,
     "lifecycle": {"loading_settle_seconds": 5, "warmup_settle_seconds": 10},
 }}}
 

@@ -124,6 +124,35 @@ def leak_early() -> Scenario:
     )
 
 
+def leak_start() -> Scenario:
+    return Scenario(
+        "leak-start", "one A100-80GB; a process starts 20 s in, loads 6 GiB in bursts and "
+        "leaks 10 MiB/s from its 20th second (with its process: no pause after loading) "
+        "for 9 min, then holds what it leaked: one episode that fires, then resolves once",
+        (GpuSpec(A100_80, (
+            _server(0, 12),
+            _server(1, 6, name="fresh-leaker", start_seconds=20.0, load_seconds=15.0,
+                    load_bursts=12, warmup_seconds=5.0, warmup_peak_bytes=0.0,
+                    leak_bytes_per_second=10 * MIB, leak_after_seconds=20.0,
+                    leak_seconds=540.0),
+        )),),
+    )
+
+
+def fill() -> Scenario:
+    """Four servers that were running already grow together: no one of them is judged
+    leaking for a long while (first seen, each is watched a floor window first), but the
+    GPU's own retained memory reaches its budget in under 30 min."""
+    grow = {"leak_bytes_per_second": 6 * MIB, "start_seconds": ALREADY_RUNNING,
+            "leak_after_seconds": -ALREADY_RUNNING + 30}
+    return Scenario(
+        "fill", "one A100-80GB; four servers (11 GiB each) grow 6 MiB/s each from 30 s: the "
+        "GPU's own time to OOM fires from its memory, before any one process is judged",
+        (GpuSpec(A100_80, tuple(_server(i, 11, name=f"grower-{i}", **grow)
+                                for i in range(4))),),
+    )
+
+
 def fragmentation() -> Scenario:
     return Scenario(
         "fragmentation", "one A100-80GB; a PyTorch process whose allocator fragments (probe)",
@@ -198,8 +227,8 @@ def large() -> Scenario:
 
 
 SCENARIOS = {f.__name__.replace("_", "-"): f
-             for f in (steady, leak, leak_fixed, leak_early, fragmentation, mixed, large,
-                       kubernetes)}
+             for f in (steady, leak, leak_fixed, leak_early, leak_start, fill, fragmentation,
+                       mixed, large, kubernetes)}
 
 
 def get(name: str) -> Scenario:

@@ -69,7 +69,7 @@ def summary(c: Collector, found: list[Finding]) -> str:
             f"<td><b>{escape(ev.signal)}</b></td><td>{escape(where(ev, c.gpus, c.names))}</td>"
             f'<td class="n value">{escape(fmt.signal_value(ev.signal, ev.value))}</td>'
             f'<td class="n">{escape(fmt.signal_value(ev.signal, ev.threshold))}</td>'
-            f'<td class="n ttoom">{escape(fmt.duration(f.ttoom))}</td>'
+            f'<td class="n ttoom">{escape(fmt.time_to_oom(f.ttoom))}</td>'
             f"<td>{state}</td><td>{escape(acts)}</td></tr>")
     return ('<table id="findings"><thead><tr><th class="n">first fired</th><th>severity</th>'
             "<th>signal</th><th>where</th><th class=n>value</th><th class=n>threshold</th>"

@@ -88,7 +88,7 @@ def _series_plot(c: Collector, sv: SeriesView) -> str:
     title = (f"pid {pid} ({c.names.get(pid, '?')})" if pid is not None else sv.label)
     unit = _mem_unit(bounds[1] - bounds[0] if bounds else 0)
     facts = " · ".join(f"leak detected {fmt.clock(tr.t_detect)} at {fmt.rate(tr.rate)}, "
-                       f"time to OOM {fmt.duration(tr.ttoom)}" for tr in sv.trends)
+                       f"time to OOM {fmt.time_to_oom(tr.ttoom)}" for tr in sv.trends)
     extra = "" if len(sv.trends) <= 1 else f" ({len(sv.trends)} episodes; the first is drawn)"
     return (f'<h3 class="series" data-pid="{pid if pid is not None else ""}">'
             f"{escape(title)} <span class=muted>on GPU {g.index if g else '?'}</span></h3>"

@@ -1,0 +1,267 @@
+"""Trends of the retained memory over several time scales at once (1, 2, 5, 10, 24 min).
+
+At each block's close every scale S looks at the retained memory over its last S, cut in
+`parts` parts. It shows **leak-shaped growth** when the retained memory
+
+- rose by at least `min_rise_bytes`, and by more than `noise_factor` times the series'
+  own noise at that scale (the most the retained memory fell over any window of S in the
+  history kept: what the series gives back) — it is *rising* — and by more than the
+  warning slope over S;
+- rose through all of its window: every part (at least as long as the floor window, so
+  two to `parts` of them; thirds too, where the steps of a leak kept in steps come a third
+  of the scale apart) rose by at least `part_share` of an even share, and no one part
+  carries more than `max_part_share` of the rise (of four parts; more of fewer): a lone
+  step, or two transients one after the other, do not;
+- does not level off: its second half rose at least `levelling_ratio` of its first;
+- keeps its pace: the window rose at least `steady_ratio` of the pace of what came before
+  it (over half the scale, or `lookback_seconds` when longer, not back beyond the end of
+  loading): warm-up that levels off, a ratchet whose steps grow ever rarer, do not.
+
+A fast leak is then found on the short scales within a minute or two, a slow one on the
+long scales in tens of minutes, by the same tests. `rising` (the first test alone) is what
+a time to OOM is shown on: memory that rises beyond its noise.
+Work per block is O(scales x parts).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import pairwise
+
+from gpuwatch.signals.leak.floor import RetainedFloor
+from gpuwatch.signals.leak.robust import theil_sen
+
+
+@dataclass(frozen=True)
+class Evidence:
+    scale: float  # seconds
+    rate: float  # bytes/s: the rise over the scale
+    rise: float
+    noise: float
+    rising: bool  # beyond its noise and the minimum rise
+    shaped: bool  # ... and by the warning slope, shaped like a leak (through its window,
+    # keeping its pace)
+
+
+class Scales:
+    def __init__(self, scales_s, floor: RetainedFloor, *, parts: int, part_share: float,
+                 max_part_share: float, steady_ratio: float, lookback_s: float,
+                 min_rise: float, noise_factor: float, long_scale_s: float = 1200.0,
+                 levelling_ratio: float = 0.4) -> None:
+        self.floor = floor
+        b = floor.block_s
+        self.scales = [float(s) for s in scales_s]
+        self.blocks = [max(parts, round(s / b)) for s in self.scales]
+        self.parts = parts
+        # the long scales are judged on halves (a stepwise leak keeps a step every few
+        # minutes: each half rises, not each quarter)
+        self.scale_parts = [2 if s >= long_scale_s else parts for s in self.scales]
+        self.part_share = part_share
+        self.max_part_share = max_part_share
+        self.steady_ratio = steady_ratio
+        self.levelling_ratio = levelling_ratio
+        self.lookback = max(1, round(lookback_s / b))
+        self.min_rise = min_rise
+        self.noise_factor = noise_factor
+        # the largest fall of the retained memory over each scale, over the history kept
+        self._falls: list[deque[tuple[int, float]]] = [deque() for _ in self.scales]
+        self._window = floor.window
+        # the most the block values ever gave back within a floor window (what a breakout
+        # must rise beyond): the sawtooth's drop, a transient's end
+        self.give_back = 0.0
+        self._highs: deque[tuple[int, float]] = deque()  # sliding max of block values
+        self._gb: deque[tuple[int, float]] = deque()  # sliding max of the drawdowns
+
+    def _fall(self, i: int, k: int, fall: float) -> None:
+        q = self._falls[i]
+        while q and q[-1][1] <= fall:
+            q.pop()
+        q.append((k, fall))
+        while q and k - q[0][0] >= self.floor.keep:
+            q.popleft()
+
+    def _rebuild_falls(self) -> None:
+        """The floor window changed and the retained series with it: its falls too."""
+        f = self.floor
+        k_last = f.k_last or 0
+        pts = list(f.points)
+        for i, n in enumerate(self.blocks):
+            self._falls[i].clear()
+            for j in range(n, len(pts)):
+                self._fall(i, k_last - (len(pts) - 1 - j), max(0.0, pts[j - n] - pts[j]))
+        self._highs.clear()
+        self._gb.clear()
+        lows = list(f.lows)
+        for j, v in enumerate(lows[-f.keep:]):
+            self._drawdown(k_last - (min(len(lows), f.keep) - 1 - j), v)
+
+    def _drawdown(self, k: int, v: float) -> None:
+        h, gb, n = self._highs, self._gb, self.floor.window
+        while h and h[-1][1] <= v:
+            h.pop()
+        h.append((k, v))
+        while k - h[0][0] >= n:
+            h.popleft()
+        dd = h[0][1] - v
+        while gb and gb[-1][1] <= dd:
+            gb.pop()
+        gb.append((k, dd))
+        while k - gb[0][0] >= self.floor.keep:
+            gb.popleft()
+        self.give_back = gb[0][1]
+
+    def noise(self, i: int) -> float:
+        q = self._falls[i]
+        return q[0][1] if q else 0.0
+
+    def update(self, warn_on: float, since_block: int | None = None, judge: bool = True,
+               min_history: int = 0) -> list[Evidence]:
+        """Evidence per scale at the block just closed. since_block: how many blocks back the
+        growth judged may be compared with (the end of loading; None: all of it); judge:
+        False measures only (rising, rates) and judges no shape; min_history: blocks a scale
+        must have seen beyond its own window before it judges (a series first seen already
+        running has a return period yet unknown)."""
+        f = self.floor
+        if f.window != self._window:
+            self._window = f.window
+            self._rebuild_falls()
+        out: list[Evidence] = []
+        now = f.at(0)
+        if now is None:
+            return out
+        k_last = f.k_last or 0
+        self._drawdown(k_last, f.lows[-1])
+        for i, (scale, n) in enumerate(zip(self.scales, self.blocks, strict=True)):
+            then = f.at(n)
+            if then is None:
+                continue
+            self._fall(i, k_last, max(0.0, then - now))
+            rise = now - then
+            noise = self.noise(i)
+            rising = rise >= max(self.min_rise, self.noise_factor * noise)
+            judged = judge and len(f) > max(n, min_history)
+            k = self.scale_parts[i]
+            shaped = (judged and rising and rise >= warn_on * scale
+                      and self._shaped(n, k, rise, since_block))
+            if judged and not shaped and f.window > 1:
+                # a floor window of several blocks lags: growth far beyond anything the
+                # series ever gave back is judged on the block values themselves
+                brk = self._breakout(n, k, scale, warn_on)
+                if brk is not None:
+                    rise, shaped, rising = brk, True, True
+            out.append(Evidence(scale, rise / scale, rise, noise, rising, shaped))
+        return out
+
+    def loading(self, warn_on: float, min_rise: float, min_span_s: float, part_ratio: float,
+                steady_ratio: float) -> Evidence | None:
+        """Growth that has not paused since the series started, judged as a whole from the
+        end of its load (its few large steps, or its steep climb; a leak from the first
+        second has none): it is leak-shaped when it rose by min_rise and the warning slope,
+        beyond its noise, through all of its quarters (the slowest at least part_ratio of the
+        fastest), its second half at steady_ratio of its first's pace at least (robust
+        slopes): a warm-up that levels off, however slowly, is slower in its second half."""
+        f = self.floor
+        n = self._since_steep(0) - 1  # the block after the load's last step may hold its tail
+        b = f.block_s
+        if n * b < min_span_s or n < 2 * self.parts:
+            return None
+        rise = f.at(0) - f.at(n)  # type: ignore[operator]
+        scale = n * b
+        i = max((i for i, s in enumerate(self.scales) if s <= scale), default=0)
+        noise = self.noise(i)
+        rising = rise >= max(self.min_rise, self.noise_factor * noise)
+        shaped = False
+        if rising and rise >= max(warn_on * scale, min_rise):
+            marks = [f.at(n - round(j * n / self.parts)) for j in range(self.parts + 1)]
+            half = n // 2
+            step = 1 + n // 64
+            first = theil_sen((-j, f.at(j)) for j in range(n, half - 1, -step))
+            second = theil_sen((-j, f.at(j)) for j in range(half, -1, -step))
+            shaped = (self._steps_ok(marks, rise, part_ratio) and first is not None
+                      and second is not None and first > 0
+                      and second >= steady_ratio * first)
+        return Evidence(scale, rise / scale, rise, noise, rising, shaped)
+
+    def _breakout(self, n: int, parts: int, scale: float, warn_on: float) -> float | None:
+        """The rise of the block values' part minima over the scale, when it is more than
+        noise_factor x the series' largest give-back and shaped like a leak."""
+        lows = self.floor.lows
+        parts = max(parts, 3)
+        if len(lows) <= n:
+            return None
+        base = len(lows) - n
+        mins = [min(lows[i] for i in range(base + round(j * n / parts),
+                                           base + round((j + 1) * n / parts)))
+                for j in range(parts)]
+        rise = mins[-1] - mins[0]
+        span = scale * (parts - 1) / parts
+        if rise < max(warn_on * span, self.min_rise, self.noise_factor * self.give_back):
+            return None
+        if not self._steps_ok(mins, rise):
+            return None
+        return rise * parts / (parts - 1)  # over the whole scale, at that pace
+
+    def _shaped(self, n: int, parts: int, rise: float, since: int | None) -> bool:
+        f = self.floor
+        # parts no shorter than the floor window: within it the floor moves as troughs come
+        # and go (a staircase under a sawtooth), not only as memory is kept
+        parts = min(parts, n // f.window)
+        if parts < 2:
+            return False
+        # in quarters, or in thirds (a leak kept in steps a third of the scale apart)
+        for k in (parts, parts - 1) if parts >= 4 else (parts,):
+            marks = [f.at(n - round(j * n / k)) for j in range(k + 1)]
+            if self._steps_ok(marks, rise):
+                break
+        else:
+            return False
+        # levelling off does not count: the second half rose levelling_ratio of the first
+        half = n // 2
+        mid = f.at(half)
+        first, second = mid - marks[0], marks[-1] - mid  # type: ignore[operator]
+        if second < self.levelling_ratio * first:
+            return False
+        # and it keeps the pace of what came before it, back to the end of loading
+        reach = len(f) if since is None else since
+        before_n = min(max(half, self.lookback), reach - n, len(f) - 1 - n)
+        if before_n < half:  # too little before it to tell a pace from a step
+            return True
+        # robust slopes (a staircase under a sawtooth moves in steps, not in a line), on at
+        # most 32 points each
+        recent = theil_sen((-j, f.at(j)) for j in range(n, -1, -(1 + n // 32)))
+        before = theil_sen((-j, f.at(j))
+                           for j in range(n + before_n, n - 1, -(1 + before_n // 32)))
+        return recent is not None and before is not None and (
+            recent >= self.steady_ratio * before)
+
+    def _since_steep(self, n: int) -> int:
+        """Blocks back to the end of the series' load: the most recent block before the
+        window that rose by half the largest rise of a block, where that largest
+        rise is four times the median one (a load is a few large steps, or a steep climb).
+        A leak from the first second has no load: all of its history."""
+        f = self.floor
+
+        def low(j: int) -> float:  # with the two blocks after it: a lone block lifted by churn
+            return min(f.at(i) for i in range(max(0, j - 2), j + 1))  # type: ignore[type-var]
+
+        rises = [low(j) - low(j + 1) for j in range(n, len(f) - 1)]
+        if not rises:
+            return n
+        top = max(rises)
+        if top <= 0 or top < 4 * sorted(rises)[len(rises) // 2]:
+            return len(f) - 1
+        # rises[j] is the rise into the block n + j blocks back: the newest steep one
+        last = next(j for j, r in enumerate(rises) if r >= 0.5 * top)
+        return n + last
+
+    def _steps_ok(self, marks, rise: float, part_ratio: float = 0.0) -> bool:
+        """Every step between marks rose its share, none carries most of the rise (fewer
+        parts may carry more each: max_part_share of four), the slowest at least part_ratio
+        of the fastest."""
+        steps = [b - a for a, b in pairwise(marks)]
+        k = len(steps)
+        share = 1 - (1 - self.max_part_share) * (k - 1) / max(1, self.parts - 1)
+        if min(steps) < self.part_share * rise / k or max(steps) > share * rise:
+            return False
+        return not (part_ratio and min(steps) < part_ratio * max(steps))

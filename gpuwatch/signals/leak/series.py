@@ -1,0 +1,281 @@
+"""One memory series' leak judgement: life cycle, retained floor, scales, fast path, verdict."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from gpuwatch.signals.config import LeakConfig
+from gpuwatch.signals.leak.fast import FastWindow
+from gpuwatch.signals.leak.floor import RetainedFloor
+from gpuwatch.signals.leak.lifecycle import LOADING, STEADY, Lifecycle
+from gpuwatch.signals.leak.robust import RollingMin
+from gpuwatch.signals.leak.scales import Evidence, Scales
+from gpuwatch.signals.leak.verdict import Verdict
+
+
+@dataclass(frozen=True)
+class LeakParams:
+    """The slopes to judge by (table's, or the config's overrides) and the config."""
+
+    warning: float  # bytes/s
+    critical: float
+    cfg: LeakConfig
+
+    @classmethod
+    def from_config(cls, cfg: LeakConfig, table) -> LeakParams:
+        return cls(
+            warning=cfg.warning_bytes_per_second or table.leak.warning_bytes_per_second,
+            critical=cfg.critical_bytes_per_second or table.leak.critical_bytes_per_second,
+            cfg=cfg,
+        )
+
+    @property
+    def warn_on(self) -> float:
+        return self.warning * (1 - self.cfg.tolerance)
+
+    @property
+    def crit_on(self) -> float:
+        return self.critical * (1 - self.cfg.tolerance)
+
+
+def confirm_time(cfg: LeakConfig, scale: float) -> float:
+    """How long a scale's leak shape must hold before it fires."""
+    share = cfg.long_confirm_share if scale >= cfg.long_confirm_from_seconds else cfg.confirm_share
+    return min(share * scale, cfg.confirm_seconds)
+
+
+def retained_floor(cfg: LeakConfig) -> RetainedFloor:
+    return RetainedFloor(cfg.block_seconds, cfg.block_seconds, cfg.max_floor_window_seconds,
+                         cfg.return_memory_seconds, 2 * max(cfg.scales_seconds),
+                         cfg.floor_tolerance_bytes)
+
+
+def scales_of(cfg: LeakConfig, floor: RetainedFloor) -> Scales:
+    return Scales(cfg.scales_seconds, floor, parts=cfg.parts, part_share=cfg.part_share,
+                  max_part_share=cfg.max_part_share, steady_ratio=cfg.steady_ratio,
+                  lookback_s=cfg.lookback_seconds, min_rise=cfg.min_rise_bytes,
+                  noise_factor=cfg.noise_factor, long_scale_s=cfg.long_scale_seconds,
+                  levelling_ratio=cfg.levelling_ratio)
+
+
+class LeakSeries:
+    """Life cycle, retained memory over several scales, and the leak verdict.
+
+    `rate` is the estimate published for the series: the judged rate while a leak is
+    judged (the raw lower envelope's climb during a critical episode), else the rate of the
+    shortest scale whose retained memory rises beyond its noise, else 0 (never absent once
+    fed). `rising` says whether it rises beyond its noise at all (a time to OOM is shown
+    only then). `value`/`threshold` are what the current level was judged on.
+    """
+
+    def __init__(self, params: LeakParams, t_start: float) -> None:
+        self.p = params
+        self.verdict = Verdict()
+        self.rate: float | None = None
+        self.rising = False
+        self.evidence: list[Evidence] = []
+        self._seen_old: bool | None = None  # first seen already past warm-up
+        self._start(t_start)
+
+    def _start(self, t: float) -> None:
+        c = self.p.cfg
+        self.life = Lifecycle(c.lifecycle, t)
+        self.early = FastWindow(c.early_window_seconds)
+        self._reset()
+
+    def _reset(self) -> None:
+        """New baselines (a reload, or another source); the verdict is the caller's."""
+        c = self.p.cfg
+        self.floor = retained_floor(c)
+        self.scales = scales_of(c, self.floor)
+        self.fast = FastWindow(c.critical_window_seconds)
+        self._env = RollingMin(c.critical_window_seconds / 2)
+        self._env_hist: deque[tuple[float, float]] = deque()
+        # scale -> (leak-shaped since, whether the last block broke it)
+        self._since: dict[float, tuple[float, bool]] = {}
+        self._scale_fire: tuple[int, float | None, float | None, float | None] = (
+            0, None, None, None)
+        self.evidence = []
+        self.rising = False
+
+    def rebase(self) -> None:
+        """The series changed meaning (another source): keep the phase, drop baselines."""
+        self._reset()
+
+    def members_changed(self, t: float, shift: float, appeared: bool) -> None:
+        """A sum of processes (the GPU's used memory, without per-process figures) lost or
+        gained members: what departed members held (shift, negative) leaves its whole
+        history, and a member that came is loading: the sum is loading again. The floor's
+        knowledge (return period, noise) and the verdict stay."""
+        c = self.p.cfg
+        if shift:
+            self.floor.shift(shift)
+            self._env_hist = deque((tt, v + shift) for tt, v in self._env_hist)
+            self._env = RollingMin(c.critical_window_seconds / 2)
+            self.fast = FastWindow(c.critical_window_seconds)
+            self.early = FastWindow(c.early_window_seconds)
+        if appeared:
+            self.life = Lifecycle(c.lifecycle, t)
+            self.early = FastWindow(c.early_window_seconds)
+
+    # -- what the analyzer reads ---------------------------------------------------------------
+
+    @property
+    def phase(self) -> str:
+        return self.life.phase
+
+    @property
+    def level(self) -> int:
+        return self.verdict.level
+
+    @property
+    def value(self) -> float | None:
+        return self.verdict.value
+
+    @property
+    def threshold(self) -> float | None:
+        return self.verdict.threshold
+
+    @property
+    def judged_phase(self) -> str:
+        return self.verdict.judged_phase
+
+    # -- per sample ----------------------------------------------------------------------------
+
+    def observe(self, t: float, v: float) -> None:
+        """Feed a sample to the retained memory only (a tick the fast path skips: every
+        sample counts for the floor, where churn given back within seconds is told apart
+        from memory kept; the fast windows take one sample per interval)."""
+        life = self.life
+        if life.reloaded(v):  # the memory was given back: a new cycle, a new episode
+            self.verdict.end()
+            self._start(t)
+            life = self.life
+        if self._seen_old is None:
+            self._seen_old = t - life.t_start >= self.p.cfg.lifecycle.warmup_max_seconds
+        if life.phase != STEADY and t - life.t_start >= self.p.cfg.lifecycle.warmup_max_seconds:
+            life.phase = STEADY  # an old process, found already running
+        if self.floor.add(t, v):
+            self._blocks(self.floor.t_last or t)
+
+    def update(self, t: float, v: float, headroom: float | None = None) -> None:
+        """Feed one sample; headroom (bytes left in the GPU's budget) lets fast growth
+        in warm-up be projected to an OOM."""
+        self.observe(t, v)
+        p, c, life = self.p, self.p.cfg, self.life
+        life.sample(t, v)
+        hist = self._env_hist
+        hist.append((t, self._env.add(t, v)))
+        while t - hist[0][0] > c.critical_resolve_seconds:
+            hist.popleft()
+        fast = self._fast(t, v, headroom)
+        fire, value, limit, scale = self._scale_fire
+        if fast is not None and (fire < 2 or fast >= (value or 0.0)):
+            fire, value, limit, scale = 2, fast, p.crit_on, None
+        v_ = self.verdict
+        exit_rate, exit_level, hold = self._exit(t)
+        v_.judge(t, fire, value, limit, life.phase, scale, exit_rate, exit_level, hold)
+        self._publish(fast)
+
+    def _fast(self, t: float, v: float, headroom: float | None) -> float | None:
+        """The critical path: in steady, the fast window; before, the early rule (once the
+        steep part of loading paused, and only growth that would spend the headroom within
+        the early horizon); while loading steeply, nothing (a smooth load is as fast)."""
+        c, life, crit_on = self.p.cfg, self.life, self.p.crit_on
+        if life.phase == STEADY:
+            self.fast.add(t, v)
+            return self.fast.slope(crit_on)
+        self.early.add(t, v)
+        if life.t_loaded is None:  # its steep part may still be loading
+            return None
+        # only the minima count, and a young leak under churn climbs in uneven steps
+        rate = self.early.slope(crit_on, parts=c.early_parts, lows_only=True, min_span=0.9,
+                                max_step_share=1.0)
+        if rate is None:
+            return None
+        if headroom is not None and max(headroom, 0.0) / rate > c.early_horizon_seconds:
+            return None
+        return rate
+
+    def _blocks(self, t: float) -> None:
+        """A block closed: the phase, the scales' evidence, and what it fires."""
+        p, c, life = self.p, self.p.cfg, self.life
+        life.block(t, self.floor)
+        if life.t_loaded is not None:
+            self.floor.set_origin(life.t_loaded)
+        loading = life.phase == LOADING
+        since = (None if life.t_paused is None
+                 else max(0, round((t - life.t_paused) / c.block_seconds)))
+        # a series first seen already running is watched for a longest floor window before
+        # it is judged on its trend: its return period is not known before
+        self.evidence = ev = self.scales.update(
+            p.warn_on, since, judge=not loading,
+            min_history=self.floor.max_blocks if self._seen_old else 0)
+        if loading:  # growth that never paused: judged as a whole, once it may be no load
+            whole = self.scales.loading(p.warn_on, c.loading_min_rise_bytes,
+                                        c.loading_min_scale_seconds, c.loading_part_ratio,
+                                        c.loading_steady_ratio)
+            if whole is not None:
+                ev = [*ev, whole]
+        self.rising = any(e.rising for e in ev)
+        judging = life.judging(t)
+        best: Evidence | None = None
+        spent = self.verdict.ended_at
+        for e in ev:
+            # the growth judged as a whole has one key: its span grows with every block
+            key = math.inf if loading and e is ev[-1] and e not in self.evidence else e.scale
+            held = self._since.get(key)
+            if not (e.shaped and judging and t - e.scale >= spent):
+                # one block's break does not restart it (where a leak's steps fall against
+                # the parts' bounds comes and goes); two do
+                if held is not None and not held[1] and judging:
+                    self._since[key] = (held[0], True)
+                else:
+                    self._since.pop(key, None)
+                continue
+            since_t = t if held is None else held[0]
+            self._since[key] = (since_t, False)
+            confirm = (c.confirm_share * c.loading_min_scale_seconds if key == math.inf
+                       else confirm_time(c, e.scale))
+            confirmed = t - since_t >= confirm
+            if confirmed and (best is None or e.rate > best.rate):
+                best = e
+        if best is None:
+            self._scale_fire = (0, None, None, None)
+        elif best.rate >= p.crit_on:
+            self._scale_fire = (2, best.rate, p.crit_on, best.scale)
+        else:
+            self._scale_fire = (1, best.rate, p.warn_on, best.scale)
+
+    def _exit(self, t: float) -> tuple[float, float, float]:
+        """(exit rate, exit level, hold) of the current level."""
+        p, c, v = self.p, self.p.cfg, self.verdict
+        if v.level == 2:
+            hist = self._env_hist
+            if t - v.fired_at < c.critical_resolve_seconds:
+                rate = math.inf  # the window must lie wholly after the entry last held
+            else:
+                rate = (hist[-1][1] - hist[0][1]) / max(hist[-1][0] - hist[0][0], 1e-9)
+            return rate, c.resolve_ratio * p.critical, 0.0
+        window = max(v.scale or 0.0, c.exit_window_seconds)
+        f = self.floor
+        n = min(round(window / c.block_seconds), len(f) - 1)
+        if n <= 0:
+            return math.inf, 0.0, 0.0
+        rate = (f.at(0) - f.at(n)) / (n * c.block_seconds)  # type: ignore[operator]
+        return rate, c.resolve_ratio * p.warning, c.resolve_seconds
+
+    def _publish(self, fast: float | None) -> None:
+        v = self.verdict
+        if v.level == 2:
+            est = self.fast.estimate() if self.life.phase == STEADY else None
+            if est is not None:
+                self.rate = max(est, fast or est)
+                return
+        if v.level:
+            now = next((e.rate for e in self.evidence if e.scale == v.scale), None)
+            self.rate = max(now or 0.0, fast or 0.0) or v.value
+            return
+        self.rate = next((e.rate for e in self.evidence if e.rising), 0.0)
