@@ -40,7 +40,7 @@ COVER: dict[str, tuple[str, ...]] = {
         "tests/test_remediation_remediator.py"),
     "gpuwatch/thresholds/table.py": (
         "tests/test_bite_table.py", "tests/test_bite_thresholds.py", "tests/test_thresholds.py"),
-    "gpuwatch/signals/leak.py": (
+    "gpuwatch/signals/leak/series.py": (
         "tests/test_bite_signal_guards.py", "tests/test_bite_signals.py", "tests/test_leak.py"),
     "gpuwatch/signals/memory.py": (
         "tests/test_bite_signal_guards.py", "tests/test_bite_signals.py"),
@@ -294,13 +294,13 @@ FIXED: tuple[Fixed, ...] = (
           "",
           "a derived warning start is not capped at the critical start"),
     # -- signals -------------------------------------------------------------------------------
-    Fixed("leak.reload-ends-episode", "gpuwatch/signals/leak.py",
-          "                self._end_episode()\n                self.early = FastWindow(",
-          "                self.early = FastWindow(",
+    Fixed("leak.reload-ends-episode", "gpuwatch/signals/leak/series.py",
+          "            self.verdict.end()\n            self._start(t)",
+          "            self._start(t)",
           "a reload no longer ends a firing leak episode"),
     Fixed("memory.ttoom-judged-rate", "gpuwatch/signals/memory.py",
-          "        ttoom_rate = sum(judged) if leaking else g_rate",
-          "        ttoom_rate = g_rate",
+          "        ttoom_rate = max(sum(judged), proj.rate",
+          "        ttoom_rate = max(g_rate, proj.rate",
           "time to OOM runs at the noisy current rate instead of the judged leak rate"),
     Fixed("memory.gpu-held-asleep", "gpuwatch/signals/memory.py",
           "            if any(e.quiet for e in pools):\n                return state",

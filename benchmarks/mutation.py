@@ -15,7 +15,9 @@ a slip of the keyboard would: a comparison flipped or loosened (`<` -> `<=`, `==
 an arithmetic operator swapped (`+` -> `-`, `*` -> `/`), a number moved by one (`0` -> `1`,
 `0.5` -> `1.5`), `True` <-> `False`, `and` <-> `or`, `min` <-> `max`, a `not` dropped.
 The module is rewritten in a copy of the checkout and the target's tests run there
-(`pytest -x`); the mutant is killed when they fail or time out. Mutants are sampled with
+(`pytest -x`); the mutant is killed when they fail or time out. The same tests run once on
+the unmutated code first: any that fail there are left out of every mutant's run (and named
+in the output), so a test broken before any mutation kills nothing. Mutants are sampled with
 a fixed seed, `--per-target` per target, because every run costs a pytest start. Scores
 are reported per target, per module, and for the security modules on their own.
 """
@@ -53,7 +55,10 @@ def _cover(*modules: str) -> tuple[list[str], list[str]]:
 # target -> (modules, tests that cover them)
 TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "signals": (
-        ["gpuwatch/signals/leak.py", "gpuwatch/signals/zone.py", "gpuwatch/signals/oom.py",
+        ["gpuwatch/signals/leak.py", *sorted(
+            str(p.relative_to(REPO)) for p in (REPO / "gpuwatch/signals/leak").glob("*.py")),
+         "gpuwatch/signals/projection.py",
+         "gpuwatch/signals/zone.py", "gpuwatch/signals/oom.py",
          "gpuwatch/signals/fragmentation.py", "gpuwatch/signals/memory.py",
          "gpuwatch/signals/conditions.py"],
         ["tests/test_bite_signals.py", "tests/test_bite_signal_guards.py",
@@ -190,32 +195,47 @@ def _copy_checkout(work: Path) -> None:
             shutil.copy(src, work / part)
 
 
-def run_mutant(path: str, change: Callable[[str], str], tests: list[str],
-               timeout: float) -> tuple[str, float, str]:
-    """(verdict, seconds, the first test that failed): the module at path rewritten by
-    change() in a copy of the checkout, and the tests run there."""
+def run_mutant(path: str | None, change: Callable[[str], str] | None, tests: list[str],
+               timeout: float, deselect: tuple[str, ...] = (),
+               first: bool = True) -> tuple[str, float, str, list[str]]:
+    """(verdict, seconds, the first test that failed, every test that failed): the module
+    at path rewritten by change() in a copy of the checkout (none: the code as it is), and
+    the tests run there, less those deselected."""
     with tempfile.TemporaryDirectory(prefix="gpuwatch-mut-") as tmp:
         work = Path(tmp)
         _copy_checkout(work)
-        target = work / path
-        target.write_text(change(target.read_text()))
+        if path is not None and change is not None:
+            target = work / path
+            target.write_text(change(target.read_text()))
         env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
         t0 = time.monotonic()
-        by = ""
+        failed: list[str] = []
         try:
             # Hypothesis's pytest plugin costs a second or two of CPU per start; the tests
             # that use hypothesis run the same without it.
             r = subprocess.run(
-                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                 "-p", "no:hypothesispytest", "-m", "not slow and not gpu", *tests],
+                [sys.executable, "-m", "pytest", *(["-x"] if first else []), "-q", "-rfE",
+                 "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                 "-m", "not slow and not gpu",
+                 *(a for d in deselect for a in ("--deselect", d)), *tests],
                 cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
             verdict = "survived" if r.returncode == 0 else (
                 "killed" if r.returncode in (1, 2) else f"error rc={r.returncode}")
-            by = next((line.split(" ", 1)[1].split(" - ", 1)[0] for line in
-                       r.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))), "")
+            # "FAILED tests/x.py::name - why"; captured log lines may start with ERROR too
+            failed = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in
+                      r.stdout.splitlines() if line.startswith(("FAILED tests/", "ERROR tests/"))]
         except subprocess.TimeoutExpired:
             verdict = "killed (timeout)"
-        return verdict, time.monotonic() - t0, by
+        return verdict, time.monotonic() - t0, failed[0] if failed else "", failed
+
+
+def baseline(tests: list[str], timeout: float) -> tuple[str, ...]:
+    """The tests that fail on the code as it is: left out of every mutant's run, so that a
+    test broken before any mutation kills no mutant (and the rest still judge them)."""
+    verdict, _, _, failed = run_mutant(None, None, tests, timeout * 4, first=False)
+    if verdict.startswith("killed") and not failed:
+        raise SystemExit(f"the tests fail on the unmutated code ({verdict}) and name no test")
+    return tuple(failed)
 
 
 def check_fixed(mutants: tuple[Fixed, ...] = FIXED) -> list[str]:
@@ -323,21 +343,27 @@ def main() -> None:
     results: dict[str, list[dict]] = {name: [] for name in population}
     fixed_rows: list[dict] = []
     t0 = time.monotonic()
+    everything = list(dict.fromkeys([t for _, _, ts in plan for t in ts]
+                                    + [t for f in fixed for t in f.tests]))
+    broken = baseline(everything, args.timeout)
+    if broken:
+        print(f"failing before any mutation, left out: {', '.join(broken)}", file=sys.stderr)
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = {}
         for name, mut, tests in plan:
             fut = pool.submit(run_mutant, mut.path,
-                              lambda src, i=mut.index: mutate(src, i), tests, args.timeout)
+                              lambda src, i=mut.index: mutate(src, i), tests, args.timeout,
+                              broken)
             futures[fut] = (name, {"file": mut.path, "line": mut.line,
                                    "mutation": mut.what, "index": mut.index})
         for f in fixed:
             fut = pool.submit(run_mutant, f.path, lambda src, f=f: mutants_fixed.apply(f, src),
-                              list(f.tests), args.timeout)
+                              list(f.tests), args.timeout, broken)
             futures[fut] = (None, {"name": f.name, "group": f.group, "file": f.path,
                                    "mutation": f.what})
         for fut in concurrent.futures.as_completed(futures):
             name, row = futures[fut]
-            verdict, secs, by = fut.result()
+            verdict, secs, by, _ = fut.result()
             row.update(verdict=verdict, seconds=round(secs, 1))
             if by:
                 row["killed_by"] = by
@@ -347,7 +373,8 @@ def main() -> None:
     out: dict = {"benchmark": "mutation", "seed": args.seed, "per_target": args.per_target,
                  "machine": platform.node(), "cpus": os.cpu_count(),
                  "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-                 "wall_seconds": round(time.monotonic() - t0)}
+                 "wall_seconds": round(time.monotonic() - t0),
+                 "failing_before_mutation": list(broken)}
     if plan:
         rows = [r for rs in results.values() for r in rs]
         out["random"] = {
