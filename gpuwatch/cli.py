@@ -14,6 +14,7 @@ from gpuwatch import config as config_mod
 from gpuwatch.attribution.cli import attribution as attribution_command
 from gpuwatch.monitoring.cli import alerts as alerts_command
 from gpuwatch.monitoring.cli import dashboards as dashboards_command
+from gpuwatch.nodehealth.npd import npd as npd_command
 from gpuwatch.thresholds.cli import thresholds as thresholds_command
 from gpuwatch.views.cli import report as report_command
 from gpuwatch.views.cli import status as status_command
@@ -117,6 +118,7 @@ main.add_command(thresholds_command)
 main.add_command(attribution_command)
 main.add_command(report_command)
 main.add_command(status_command)
+main.add_command(npd_command)
 
 
 @main.command()

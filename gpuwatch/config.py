@@ -12,6 +12,7 @@ import msgspec
 
 from gpuwatch.attribution.config import AttributionConfig
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+from gpuwatch.nodehealth.config import NvSentinelConfig
 from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.redact import config_for_display
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
@@ -79,6 +80,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The /proc tree to read processes from (a container may mount the host's elsewhere).
     proc_root: str = "/proc"
     attribution: AttributionConfig = msgspec.field(default_factory=AttributionConfig)
+    nvsentinel: NvSentinelConfig = msgspec.field(default_factory=NvSentinelConfig)
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)

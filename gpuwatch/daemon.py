@@ -66,6 +66,8 @@ class Daemon:
                                   cfg.nvml.retry_max_seconds)
         self.pipeline = Pipeline.from_config(cfg)
         self.attribution = make_attribution(cfg, self.backend, self.sources)
+        self.nvsentinel = None
+        self._make_nvsentinel(cfg)
         self.recent: collections.deque[Event | ActionEvent] = collections.deque(
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
@@ -147,6 +149,8 @@ class Daemon:
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes,
                     ooms=ooms)
         events = self._process(tick)
+        if self.nvsentinel is not None:  # GPU health to NVSentinel (delivered off the loop)
+            self.nvsentinel.update(gpus, self.pipeline.derived.gpus, now)
         if self.remediator is not None:
             self._log_actions(await self.remediator.on_events(events, self.snapshot))
         return tick
@@ -329,6 +333,8 @@ class Daemon:
             if self.attribution is not None:
                 self.attribution.close()
             self.attribution = make_attribution(new, self.backend, self.sources)
+        if new.nvsentinel != old.nvsentinel:
+            self._make_nvsentinel(new)
         if wc is not None:
             self._reload_web(wc)
 
@@ -471,7 +477,20 @@ class Daemon:
             self.sampler.close()
             if self.attribution is not None:
                 self.attribution.close()
+            if self.nvsentinel is not None:
+                self.nvsentinel.close()
         return 0
+
+    def _make_nvsentinel(self, cfg: Config) -> None:
+        """The NVSentinel publisher, new on each (re)configuration: its first pass sends the
+        healthy baseline again."""
+        if self.nvsentinel is not None:
+            self.nvsentinel.close()
+            self.nvsentinel = None
+        if cfg.nvsentinel.enabled:
+            from gpuwatch.nodehealth.nvsentinel import make_publisher
+
+            self.nvsentinel = make_publisher(cfg, self.sources, self.host)
 
     def _make_remediator(self):
         from gpuwatch.remediation.remediator import Remediator
