@@ -20,6 +20,7 @@ from gpuwatch.remediation.config import (
 from gpuwatch.remediation.policy import Policy, planned_actions
 from gpuwatch.thresholds.table import load_table
 from tests.helpers import REPO, child_env
+from tests.test_remediation_faults import FULL_DISK as FAULTS_FULL_DISK
 from tests.test_remediation_remediator import ev, make, snap_of, step
 
 EXEC = ExecConfig(enabled=True, argv=[sys.executable, "-c", "pass"])
@@ -93,23 +94,10 @@ def test_table_actions_off_leaves_the_rows_actions_to_the_defaults(tmp_path, tab
     assert [(a, p) for a, _, p in got] == [("snapshot", "default")]
 
 
-# A child whose disk fills up under the audit log (RLIMIT_FSIZE at its size, SIGXFSZ ignored),
-# with a rate limit of one action an hour: the refused action must give its slot back.
-FULL_DISK = """
-import asyncio, json, os, resource, signal, sys
-from pathlib import Path
-from tests.test_remediation_remediator import Clock, ev, make, results, snap_of, step
-
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-tmp = Path(sys.argv[1])
-clock = Clock()
-
-def disk(full):
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    size = os.path.getsize(tmp / "audit.jsonl")
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size if full else hard, hard))
-
-async def go():
+# The child of tests/test_remediation_faults.py whose disk fills up under the audit log
+# (RLIMIT_FSIZE at its size, SIGXFSZ ignored), with a rate limit of one action an hour: the
+# refused action must give its slot back.
+FULL_DISK = FAULTS_FULL_DISK.split("async def go():")[0] + """async def go():
     rem = make(tmp, clock=clock, rate_limit=1, rate_window_seconds=3600)
     rem.audit.retry_seconds = 0.05
     await rem.wait_idle(10)
