@@ -13,9 +13,11 @@ import msgspec
 from gpuwatch.attribution.config import AttributionConfig
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
 from gpuwatch.nodehealth.config import NvSentinelConfig
+from gpuwatch.otlp.config import OtlpConfig
 from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.redact import config_for_display
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
+from gpuwatch.signals.budget import BudgetConfig
 from gpuwatch.signals.config import SignalsConfig
 from gpuwatch.tomlfile import explain, read_toml
 
@@ -49,9 +51,25 @@ class ThresholdsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     file: str = ""
 
 
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
 class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # /api/state shows process names, pids and the (masked) configuration; off: 404.
     api_state: bool = True
+    # What a remote party may hold open (docs/security.md, "Connections"): connections in
+    # all and per client address (IPv6: per /64). Lowered to fit the descriptor limit.
+    max_connections: PositiveInt = 512
+    max_connections_per_client: PositiveInt = 64
+    # The TLS handshake and the first request's headers must arrive within this.
+    header_timeout_seconds: PositiveFloat = 10.0
+    # An idle keep-alive connection is closed after this (above a 60 s scrape interval).
+    idle_timeout_seconds: PositiveFloat = 75.0
+    # A response the client does not read is dropped after this.
+    write_timeout_seconds: PositiveFloat = 30.0
+    # Failed basic-auth logins per client address and minute, after a burst of 10; past it
+    # the address gets 429 without a check (0: no limit).
+    auth_failures_per_minute: NonNegFloat = 10.0
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -63,6 +81,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     record: str = ""
     simulate: str = ""
     seed: int = 0
+    # This host's name where gpuwatch names it (recordings, OTLP's host.name); "" the
+    # system's. A simulated fleet on one machine gives each daemon its own.
+    host_name: str = ""
     # Simulated process name -> a real pid whose identity it takes (remediation tests).
     simulate_pids: dict[str, int] = {}
     events_log: str = ""
@@ -80,6 +101,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The /proc tree to read processes from (a container may mount the host's elsewhere).
     proc_root: str = "/proc"
     attribution: AttributionConfig = msgspec.field(default_factory=AttributionConfig)
+    # Per-process series only for the processes that matter (signals/budget.py).
+    budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    # OTLP push (optional, docs/fleet.md): off while otlp.endpoint is empty.
+    otlp: OtlpConfig = msgspec.field(default_factory=OtlpConfig)
     nvsentinel: NvSentinelConfig = msgspec.field(default_factory=NvSentinelConfig)
 
     def __post_init__(self) -> None:

@@ -19,13 +19,14 @@ import ssl
 import time
 from typing import Any
 
-from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
+from gpuwatch import __version__, exitcodes, lifecycle, logfmt, redact, webconfig
 from gpuwatch import config as config_mod
 from gpuwatch.attribution.source import make_source as make_attribution
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
+from gpuwatch.exporter.listener import Limits, Listener
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.server import Server
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
@@ -58,7 +59,7 @@ class Daemon:
         self.guard: webconfig.Guard | None = None
         self.config_path = config_path
         self.overrides = overrides or {}
-        self.host = socket.gethostname()
+        self.host = cfg.host_name or socket.gethostname()
         self.started = time.time()
         self.sources: dict[str, SourceStatus] = {"nvml": SourceStatus()}
         self.backend = make_backend(cfg)
@@ -78,7 +79,10 @@ class Daemon:
         self._stop = asyncio.Event()
         self._engine_task: asyncio.Task | None = None
         self._reload_task: asyncio.Task | None = None
+        self._otlp_task: asyncio.Task | None = None
         self._reload_again = False
+        self._reader = lifecycle.DeadlineReader()
+        self.listener: Listener | None = None
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
         # Failures that could repeat every tick: counted, shown in /readyz and the metrics,
@@ -195,6 +199,9 @@ class Daemon:
         self._version += 1
         if self.remediator is not None:
             self._extras["remediation"] = self.remediator.counters()
+        if self.listener is not None:
+            self._extras["http"] = {**self.listener.counters(), "logins_refused": dict(
+                self.guard.refused) if self.guard and self.guard.auth else None}
         self._extras["ticks"] = self.tick_health.state()
         self.snapshot = Snapshot(
             version=self._version,
@@ -276,16 +283,17 @@ class Daemon:
 
     async def reload(self) -> bool:
         """Validate the whole new configuration, then apply all of it or none of it."""
-        loop = asyncio.get_running_loop()
         try:
-            # The file is read on a thread, with a deadline: a slow or stuck filesystem must
-            # not stall sampling and serving (a FIFO is refused by the reader itself).
-            new, wc = await asyncio.wait_for(loop.run_in_executor(None, self._read),
-                                             RELOAD_TIMEOUT_SECONDS)
-            self._apply(new, wc)
-        except TimeoutError:
-            log.error("configuration reload rejected, nothing applied: reading %s took "
-                      "more than %ss", self.config_path, RELOAD_TIMEOUT_SECONDS)
+            # Every file is read on a daemon thread, with a deadline: a slow or stuck
+            # filesystem must not stall sampling and serving, nor exit (a FIFO is refused by
+            # the readers themselves).
+            new, web_update, pipeline = await self._reader.run(self._read, RELOAD_TIMEOUT_SECONDS)
+            self._apply(new, web_update, pipeline)
+        except (TimeoutError, lifecycle.StuckRead) as exc:
+            log.error("configuration reload rejected, nothing applied: reading %s, its "
+                      "threshold table and web config %s", self.config_path,
+                      f"took more than {RELOAD_TIMEOUT_SECONDS}s" if isinstance(
+                          exc, TimeoutError) else f"is still stuck: {exc}")
             return False
         except webconfig.WebConfigError as exc:
             log.error("web config reload rejected, nothing of the configuration applied "
@@ -298,24 +306,31 @@ class Daemon:
                  self.config_path or "the environment")
         return True
 
-    def _read(self) -> tuple[Config, webconfig.WebConfig | None]:
-        """The new configuration, and the web config file's new contents when it is kept
-        (a changed path needs a restart). Runs on a thread: both are file reads."""
+    def _read(self) -> tuple[Config, tuple | None, Pipeline | None]:
+        """The new configuration; the web config file's new contents and TLS context when it
+        is kept (a changed path needs a restart); a new pipeline when signals or the threshold
+        table changed. Runs on a thread: all are file reads."""
         new = config_mod.load(self.config_path, overrides=self.overrides)
-        wc = None
+        web_update = None
         if self.guard is not None and new.web_config and new.web_config == self.config.web_config:
             wc = webconfig.load(new.web_config)
-        return new, wc
+            self.guard.check_update(wc)
+            web_update = wc, webconfig.ssl_context(wc)
+        pipeline = None
+        if (new.signals, new.thresholds) != (self.config.signals, self.config.thresholds):
+            pipeline = Pipeline.from_config(new)
+        return new, web_update, pipeline
 
-    def _apply(self, new: Config, wc: webconfig.WebConfig | None) -> None:
+    def _apply(self, new: Config, web_update: tuple | None,
+               pipeline: Pipeline | None = None) -> None:
         """Build and check everything the new configuration needs before changing anything;
         the remediator's reconfigure is itself all-or-nothing and the last step that can
         fail."""
         old = self.config
-        pipeline = self.pipeline
-        if (new.signals, new.thresholds) != (old.signals, old.thresholds):
-            pipeline = Pipeline.from_config(new)
+        pipeline = pipeline or self.pipeline
         engines_changed = (new.engines, new.discovery) != (old.engines, old.discovery)
+        if new.otlp != old.otlp and otlp_missing(new):
+            raise ValueError(otlp_missing(new))
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             self.remediator.reconfigure(new.remediation, new.webhook)
@@ -323,6 +338,8 @@ class Daemon:
         if (new.listen, new.web_config) != (old.listen, old.web_config):
             log.warning("listen address and web_config changes need a restart; still serving "
                         "on %s", old.listen)
+        # the budget keeps what it knows (who was judged, who has series) across rebuilds
+        pipeline.budget, pipeline.budget.cfg = self.pipeline.budget, new.budget
         if pipeline is not self.pipeline:
             self.pipeline = pipeline
             log.info("signals rebuilt from the new configuration (windows restart)")
@@ -335,15 +352,19 @@ class Daemon:
             self.attribution = make_attribution(new, self.backend, self.sources)
         if new.nvsentinel != old.nvsentinel:
             self._make_nvsentinel(new)
-        if wc is not None:
-            self._reload_web(wc)
+        if new.otlp != old.otlp:
+            self._start_otlp()
+        if web_update is not None:
+            self._reload_web(*web_update)
 
-    def _reload_web(self, wc: webconfig.WebConfig) -> None:
+    def _reload_web(self, wc: webconfig.WebConfig, context: ssl.SSLContext | None) -> None:
         try:
-            restart = self.guard.update(wc)
-        except (ssl.SSLError, OSError) as exc:  # a certificate replaced since it was read
+            restart = self.guard.update(wc, context)
+        except (ssl.SSLError, OSError, webconfig.WebConfigError) as exc:  # changed since read
             log.error("web config reload rejected, keeping the current one: %s", exc)
             return
+        if self.listener is not None:
+            self.listener.ssl = self.guard.context
         if restart:
             log.warning("web config: %s changes need a restart", ", ".join(restart))
         else:
@@ -412,13 +433,32 @@ class Daemon:
             self._events_log = None
 
     async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; the exit status. One daemon per state directory."""
+        try:
+            lock = await asyncio.to_thread(lifecycle.lock_state_dir, state_dir())
+        except lifecycle.StateDirBusy as exc:
+            log.error("%s", exc)
+            return exitcodes.USAGE
+        try:
+            return await self._run()
+        finally:
+            if lock is not None:
+                os.close(lock)
+
+    def _on_stop_signal(self) -> None:
+        if not self._stop.is_set():  # whatever hangs while stopping, the process ends
+            lifecycle.exit_after(lifecycle.STOP_DEADLINE_SECONDS, exitcodes.FAILURE)
+        self._stop.set()
+
+    async def _run(self) -> int:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
         try:
             if self.web is None and self.config.web_config:
                 self.web = webconfig.load(self.config.web_config)
             if self.web is not None:
-                self.guard = webconfig.Guard(self.web)
+                self.guard = webconfig.Guard(
+                    self.web, failures_per_minute=self.config.http.auth_failures_per_minute)
         except webconfig.WebConfigError as exc:
             log.error("%s", exc)
             return exitcodes.USAGE
@@ -427,7 +467,7 @@ class Daemon:
         except (ValueError, OSError) as exc:
             log.error("remediation: %s", exc)
             return exitcodes.USAGE
-        problem = self._open_outputs()  # a bad path fails before anything is served
+        problem = self._open_outputs() or otlp_missing(self.config)  # fail before serving
         if problem:
             log.error("%s", problem)
             await self.remediator.close()
@@ -439,9 +479,12 @@ class Daemon:
             tls = self.guard.context
         app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
                        guard=self.guard)
-        runner = Server(app)
+        http = self.config.http
+        runner = Server(app, Limits.of(http), keepalive_timeout=http.idle_timeout_seconds,
+                        refusals=self.guard.take_refusals if self.guard else None)
         try:
             await runner.start(host, port, ssl=tls)
+            self.listener = runner.listener
         except OSError as exc:
             log.error("cannot listen on %s: %s", self.config.listen, exc.strerror or exc)
             await runner.close()
@@ -453,12 +496,13 @@ class Daemon:
             log.warning("basic auth without tls_server_config: passwords cross the network "
                         "in clear")
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._on_stop_signal)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         tasks = []
         try:
             self._start_engines()
             tasks.append(asyncio.create_task(self._tick_loop()))
+            self._start_otlp()
             slow = self.config.nvml.slow_interval_seconds
             if slow > 0:
                 st = self.sources.setdefault("nvml_slow", SourceStatus())
@@ -466,11 +510,13 @@ class Daemon:
             await self._stop.wait()
             log.info("stopping")
         finally:
-            for t in [*tasks, self._engine_task, self._reload_task]:
+            for t in [*tasks, self._engine_task, self._reload_task, self._otlp_task]:
                 if t is not None:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
             await runner.close()
+            if self.guard is not None:
+                self.guard.close()
             await self.remediator.close()
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()
@@ -480,6 +526,29 @@ class Daemon:
             if self.nvsentinel is not None:
                 self.nvsentinel.close()
         return 0
+
+    def _start_otlp(self) -> None:
+        """The pusher of the current [otlp], replacing any earlier one (a reload)."""
+        if self._otlp_task is not None:
+            self._otlp_task.cancel()
+            self._otlp_task = None
+        if self.config.otlp.endpoint:
+            self._otlp_task = asyncio.create_task(self._otlp())
+        else:
+            self._extras.pop("otlp", None)
+
+    async def _otlp(self) -> None:
+        # imported only here: opentelemetry-proto and protobuf stay out otherwise
+        from gpuwatch.otlp.push import OtlpPusher
+
+        cfg = self.config
+        pusher = OtlpPusher(cfg.otlp, lambda: self.snapshot, self.host,
+                            cfg.attribution.kubernetes_api.node_name)
+        for key, value in (self._extras.get("otlp") or {}).items():  # counters only grow
+            if key != "queued":
+                pusher.counters[key] = value
+        self._extras["otlp"] = pusher.counters
+        await pusher.run()
 
     def _make_nvsentinel(self, cfg: Config) -> None:
         """The NVSentinel publisher, new on each (re)configuration: its first pass sends the
@@ -498,3 +567,15 @@ class Daemon:
         cfg = self.config
         return Remediator(cfg.remediation, cfg.webhook, probe_dir=self.probe_dir,
                           table=self.pipeline.table)
+
+
+def otlp_missing(cfg: Config) -> str:
+    """Why an [otlp] endpoint cannot be served here (the extra is not installed), or ""."""
+    if not cfg.otlp.endpoint:
+        return ""
+    try:
+        import gpuwatch.otlp.push  # noqa: F401
+    except ImportError as exc:
+        return (f"otlp.endpoint is set but the OTLP extra is missing ({exc.name}): "
+                "pip install 'gpuwatch-agent[otlp]'")
+    return ""

@@ -145,7 +145,8 @@ def test_daemonset_mounts_the_kubelet_pod_resources_socket_read_only():
     assert mount["readOnly"] is True
     assert DEFAULT_SOCKET.startswith(mount["mountPath"] + "/")
     assert volume["hostPath"]["path"] == mount["mountPath"]
-    assert '".[kubernetes]"' in (ROOT / "Containerfile").read_text()  # grpcio in the image
+    # grpcio (pod attribution) and opentelemetry-proto (OTLP push) in the image
+    assert '".[kubernetes,otlp]"' in (ROOT / "Containerfile").read_text()
 
 
 def test_containerfile_builds_the_pinned_tag():
@@ -203,6 +204,17 @@ def test_systemd_unit_fits_the_documented_install():
         assert u[key] == [value], key
     # The shipped config writes its events log where the unit lets it.
     assert load(ROOT / "gpuwatch.toml", environ={}).events_log.startswith("/var/log/gpuwatch/")
+
+
+def test_systemd_unit_gives_the_connection_cap_and_the_reserve_their_descriptors():
+    from gpuwatch.config import HttpConfig
+    from gpuwatch.exporter.sockets import RESERVED_FDS
+
+    limit = int(unit()["LimitNOFILE"][0])
+    # With room for what the daemon itself holds open (threads, NVML, logs: ~50).
+    assert limit >= HttpConfig().max_connections + RESERVED_FDS + 128
+    # The container's run line asks for the same.
+    assert f"--ulimit nofile={limit}:{limit}" in (ROOT / "Containerfile").read_text()
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")

@@ -19,6 +19,8 @@ MODULES = (
     "gpuwatch.exporter.families.allocator",
     "gpuwatch.exporter.families.attribution",
     "gpuwatch.exporter.families.oom",
+    "gpuwatch.exporter.families.http",
+    "gpuwatch.exporter.families.otlp",
 )
 
 
