@@ -237,8 +237,8 @@ FIXED: tuple[Fixed, ...] = (
           "        if not name:",
           "a user name with `:` is accepted"),
     Fixed("web.size-cap", W,
-          "    if len(data) > MAX_FILE_BYTES:\n        raise fail(",
-          "    if False:\n        raise fail(",
+          "        data = read_regular(path, MAX_FILE_BYTES)",
+          "        data = read_regular(path, 1 << 62)",
           "the web configuration's size cap is dropped"),
     # -- redaction -----------------------------------------------------------------------------
     Fixed("redact.percent-encoded", X,
