@@ -166,8 +166,11 @@ def daemon13(pki, tmp_path_factory):
                        "http_server_config": {"headers": HEADERS},
                        "basic_auth_users": {USER: pki["hash"]}}, "daemon13.yml")
     work = tmp_path_factory.mktemp("bite-daemon")
+    # No failed-login limit: these tests send many wrong logins from one address, and ask
+    # the auth check itself, not the limiter in front of it (429 unchecked).
     d = Daemon(work, "--simulate", "steady", "--web-config", str(path),
-               env={"GPUWATCH_WEBHOOK_TOKEN": "hook-token-2d9a"}, wait_ready=False)
+               env={"GPUWATCH_WEBHOOK_TOKEN": "hook-token-2d9a",
+                    "GPUWATCH_HTTP_AUTH_FAILURES_PER_MINUTE": "0"}, wait_ready=False)
     ctx = client_context(pki)
     auth = {"Authorization": basic(USER, PASSWORD)}
 
