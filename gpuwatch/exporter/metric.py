@@ -67,6 +67,26 @@ class CounterMetricFamily(_Family):
     SUFFIX = "_total"
 
 
+class HistogramMetricFamily(Metric):
+    """name_bucket{le} per bound, then name_count (the +Inf bucket) and name_sum, as
+    prometheus_client writes a custom collector's histogram."""
+
+    def __init__(self, name: str, documentation: str, labels: Sequence[str] | None = None,
+                 unit: str = "") -> None:
+        super().__init__(name, documentation, "histogram", unit)
+        self._labelnames = tuple(labels or ())
+
+    def add_metric(self, labels: Sequence[str], buckets: Sequence[tuple[str, float]],
+                   sum_value: float | None, timestamp: float | None = None) -> None:
+        base = dict(zip(self._labelnames, labels, strict=False))
+        for le, count in buckets:
+            self.samples.append(Sample(self.name + "_bucket", {**base, "le": le}, count,
+                                       timestamp))
+        if buckets and float(buckets[0][0]) >= 0 and sum_value is not None:
+            self.samples.append(Sample(self.name + "_count", base, buckets[-1][1], timestamp))
+            self.samples.append(Sample(self.name + "_sum", base, sum_value, timestamp))
+
+
 class InfoMetricFamily(Metric):
     """name_info{labels...} 1, as prometheus_client writes an info family."""
 

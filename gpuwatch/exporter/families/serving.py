@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import (
+from gpuwatch.exporter.families.engines import LABELS, engine_states
+from gpuwatch.exporter.metric import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
-
-from gpuwatch.exporter.families.engines import LABELS, engine_states
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exposition.layout import LE_LABELS
 
