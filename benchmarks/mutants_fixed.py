@@ -48,6 +48,8 @@ COVER: dict[str, tuple[str, ...]] = {
         "tests/test_bite_signal_guards.py", "tests/test_engine_memory.py"),
     "gpuwatch/signals/engine.py": (
         "tests/test_bite_signal_guards.py", "tests/test_bite_engine_signals.py"),
+    "gpuwatch/signals/engine_events.py": (
+        "tests/test_bite_signal_guards.py", "tests/test_bite_engine_signals.py"),
 }
 
 SECURITY_MODULES = (
@@ -314,9 +316,9 @@ FIXED: tuple[Fixed, ...] = (
           "    if fixed and 0 < fixed <= total:",
           "    if fixed and 0 < fixed:",
           "a kv_cache_memory_bytes larger than the GPU is taken as the pool"),
-    Fixed("engine.mean-without-histogram", "gpuwatch/signals/engine.py",
-          "cfg.judge_mean_without_histogram and tr and not tr.has_histogram:",
-          "cfg.judge_mean_without_histogram and tr:",
+    Fixed("engine.mean-without-histogram", "gpuwatch/signals/engine_events.py",
+          "value is None and cfg.judge_mean_without_histogram and not has_histogram:",
+          "value is None and cfg.judge_mean_without_histogram:",
           "the mean queue time is judged even for an engine that has a histogram"),
 )
 
