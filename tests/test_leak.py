@@ -418,6 +418,22 @@ def test_floor_window_evicts_exactly_floor_window_blocks():
     assert pts[5] == 101.0  # block 5: blocks 1..5, the dip has left
 
 
+def test_a_load_that_ends_in_the_open_block_does_not_break_the_floor():
+    """The origin falls in the block still open: that block closes with its full window,
+    the blocks after it reach back no further than the origin."""
+    f = _fixed_floor(5)
+    for k in range(4):
+        f.add(k * 15.0 + 1, 0.0 if k == 0 else 100.0)
+        f.add(k * 15.0 + 8, 0.0 if k == 0 else 100.0)
+    f.set_origin(3 * 15.0 + 8)  # block 3 is open: the origin is block 4
+    for k in range(4, 7):
+        f.add(k * 15.0 + 1, 100.0 + k)
+        f.add(k * 15.0 + 8, 100.0 + k)
+    pts = list(f.points)  # blocks 0..5 closed
+    assert pts[3] == 0.0  # block 3, before the origin: blocks 0..3
+    assert pts[4:] == [104.0, 104.0]  # from the origin on: not back into blocks 0..3
+
+
 def test_one_sample_caught_low_does_not_hold_the_floor_down():
     f = floor_of(lambda el: 20 * GIB - (600 * MIB if el == 150.0 else 0) + WARN * el, 600)
     lows = list(f.points)

@@ -98,7 +98,11 @@ class RetainedFloor:
             self._recompute()
         else:
             lows = self.lows
-            n = min(window, len(lows), k - self.origin + 1 if self.origin is not None else window)
+            n = min(window, len(lows))
+            if self.origin is not None and k >= self.origin:
+                # a block before the origin (the load ended in the block still open) keeps
+                # its full window
+                n = min(n, k - self.origin + 1)
             self.points.append(min(lows[i] for i in range(len(lows) - n, len(lows))))
 
     def _track_return(self, k: int, m: float, t_end: float) -> None:
