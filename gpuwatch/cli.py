@@ -23,11 +23,11 @@ SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "fragmentation",
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from gpuwatch.logfmt import LogFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogFormatter())
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     from gpuwatch.redact import install_log_filter
 
@@ -71,6 +71,12 @@ class _Cli(click.Group):
         except click.Abort:  # Ctrl-C at a prompt or during a command
             click.echo("gpuwatch: interrupted", err=True)
             sys.exit(130)
+        except KeyboardInterrupt:
+            sys.exit(130)
+        except Exception as exc:  # a bug: one line to report, not a traceback to scroll
+            click.echo(f"gpuwatch: internal error: {type(exc).__name__}: "
+                       f"{_one_line(str(exc))[:500]}", err=True)
+            sys.exit(exitcodes.FAILURE)
         sys.exit(rv if isinstance(rv, int) else exitcodes.OK)
 
 
@@ -146,24 +152,38 @@ def run(config_file, listen, simulate, seed, record, dry_run, engine_urls, event
     if engine_urls:
         overrides["engines"] = _engines_from_flags(config_file, engine_urls)
     cfg = _load(config_file, overrides)
-    web = _load_web_config(cfg.web_config)
+    web = _validated_files(cfg)
+    probe = _probe_dir_verdict(cfg)
+    if probe is not None and probe.status == "fail":
+        click.echo(f"gpuwatch: probe directory: {probe.detail} ({probe.fix})", err=True)
+        sys.exit(exitcodes.USAGE)
     _setup_logging(cfg.log_level)
+    if probe is not None and probe.status == "warn":
+        logging.getLogger("gpuwatch").warning("probe directory: %s", probe.detail)
     from gpuwatch.daemon import Daemon
 
     daemon = Daemon(cfg, config_path=config_file, overrides=overrides, web=web)
     sys.exit(asyncio.run(daemon.run()))
 
 
-def _load_web_config(path: str):
-    if not path:
-        return None
-    from gpuwatch import webconfig
+def _validated_files(cfg: config_mod.Config):
+    """Every file the configuration names, read and checked (the web config is returned):
+    one line and exit 2 on a problem, as for the configuration itself."""
+    from gpuwatch.startup import SetupError, validate_files
 
     try:
-        return webconfig.load(path)
-    except webconfig.WebConfigError as exc:
-        click.echo(f"gpuwatch: --web-config: {exc}", err=True)
-        sys.exit(2)
+        return validate_files(cfg)
+    except SetupError as exc:
+        _config_error(config_mod.ConfigError(str(exc)))
+
+
+def _probe_dir_verdict(cfg: config_mod.Config):
+    if not cfg.probe.enabled or cfg.simulate:
+        return None
+    from gpuwatch.probe_channel.config import resolve_dir
+    from gpuwatch.startup import probe_dir_verdict
+
+    return probe_dir_verdict(resolve_dir(cfg.probe.dir))
 
 
 def _engines_from_flags(config_file: str | None, urls: tuple[str, ...]) -> list[dict]:
@@ -228,6 +248,7 @@ def check(config_file, listen, rules_dir, dashboards_dir) -> None:
     from gpuwatch.doctor import run_checks
 
     cfg = _load(config_file, {"listen": listen})
+    _validated_files(cfg)
     source = config_file or os.environ.get("GPUWATCH_CONFIG") or "defaults (no file)"
     failed = False
     for finding in run_checks(cfg, source, rules_dir, dashboards_dir):

@@ -3,6 +3,7 @@ then command-line flags. Every error names the key and the reason."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from typing import Annotated, Any
@@ -19,6 +20,10 @@ from gpuwatch.tomlfile import explain, read_toml
 
 DEFAULT_PORT = 19400
 ENV_PREFIX = "GPUWATCH_"
+# What kubelet injects for a Service named gpuwatch-*; never a setting.
+_K8S_SERVICE_LINK = re.compile(
+    r"_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$")
+log = logging.getLogger(__name__)
 
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
@@ -144,12 +149,22 @@ def _env_to_dict(environ: dict[str, str]) -> dict[str, Any]:
         rest = name[len(ENV_PREFIX):].lower()
         path = _resolve_env_path(Config, rest)
         if path is None:
-            raise ConfigError(f"environment: {name}: unknown setting")
+            # A typo inside a known setting is an error. Other GPUWATCH_* names belong to
+            # someone else: Kubernetes service links (GPUWATCH_SERVICE_HOST,
+            # GPUWATCH_PORT_9400_TCP) or test harnesses, and must not stop the daemon.
+            if _names_a_setting(Config, rest) and not _K8S_SERVICE_LINK.search(name):
+                raise ConfigError(f"environment: {name}: unknown setting")
+            log.warning("environment: %s: not a gpuwatch setting, ignored", name)
+            continue
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = _env_value(value)
     return out
+
+
+def _names_a_setting(struct: type, rest: str) -> bool:
+    return any(rest == f or rest.startswith(f + "_") for f in _field_types(struct))
 
 
 def _resolve_env_path(struct: type, rest: str) -> list[str] | None:

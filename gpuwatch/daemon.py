@@ -31,11 +31,13 @@ from gpuwatch.exporter.server import Server
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, OomSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
+from gpuwatch.ratelog import RateLimitedLog
 from gpuwatch.recording import Recorder
 from gpuwatch.remediation.paths import snapshot_dir
 from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
 from gpuwatch.sources.oom_records import OomReader
+from gpuwatch.sources.probe_fs import UserFilesystems
 from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
 from gpuwatch.thresholds import ThresholdsError
@@ -77,9 +79,15 @@ class Daemon:
         self._reload_again = False
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
+        # Failures that could repeat every tick: counted, shown in /readyz and the metrics,
+        # logged once a minute at most.
+        self.tick_health = RateLimitedLog(log, "tick")
+        self._record_errors = RateLimitedLog(log, "recording a tick")
+        self._render_errors = RateLimitedLog(log, "rendering /metrics")
         self.remediator = None
         self.probe_dir = resolve_dir(cfg.probe.dir)
-        self.probe_reader = ProbeReader(self.probe_dir)
+        self.probe_reader = ProbeReader(self.probe_dir, UserFilesystems(
+            self.probe_dir, cfg.probe.user_max_bytes, cfg.probe.user_max_files))
         self.oom_reader = OomReader(self.probe_dir)
         self._oom_notes: set[str] = set()
         self._own_probes = False  # the backend makes its own (simulation): no records
@@ -144,18 +152,20 @@ class Daemon:
         return tick
 
     def _log_actions(self, actions: list[ActionEvent]) -> None:
-        for action in actions:
+        for action in actions:  # logged once, by the ledger that decided it
             self.recent.append(action)
-            log.info("%s", logfmt.human_line(action))  # the JSON form goes to the events log
             self._log_event(action)
 
     def _process(self, tick: Tick) -> list[Event]:
         if self._recorder is not None:
             try:
                 self._recorder.write(tick)
+                self._record_errors.ok()
             except OSError as exc:
                 log.error("recording stopped: %s", exc)
                 self._recorder = None
+            except Exception as exc:  # this tick's line is lost, not the tick
+                self._record_errors.failed(exc)
         t0 = time.perf_counter()
         events = self.pipeline.update(tick)
         if self._events_log is not None:
@@ -166,10 +176,10 @@ class Daemon:
         sig.errors_total = self.pipeline.errors
         for ev in events:
             self.recent.append(ev)
-            log.log(logging.WARNING if ev.state == "firing" else logging.INFO, "%s",
-                    logfmt.human_line(ev))
+            log.log(logfmt.level(ev), "%s", logfmt.human_line(ev, with_time=False))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
+        self.tick_health.ok()
         self._publish(tick, ready=True)
         return events
 
@@ -181,6 +191,7 @@ class Daemon:
         self._version += 1
         if self.remediator is not None:
             self._extras["remediation"] = self.remediator.counters()
+        self._extras["ticks"] = self.tick_health.state()
         self.snapshot = Snapshot(
             version=self._version,
             tick=tick,
@@ -198,8 +209,9 @@ class Daemon:
         if self.renderer.due(self.config.nvml.fast_interval_seconds):
             try:
                 self.renderer.render_ahead(self.snapshot)
-            except Exception:
-                log.exception("rendering /metrics failed")
+                self._render_errors.ok()
+            except Exception as exc:
+                self._render_errors.failed(exc)
 
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -208,8 +220,9 @@ class Daemon:
         while not self._stop.is_set():
             try:
                 await self.tick_once()
-            except Exception:
-                log.exception("tick failed")
+            except Exception as exc:  # shown in /readyz and gpuwatch_tick_failures_total
+                self.tick_health.failed(exc)
+                self._publish(self.snapshot.tick, ready=False)
             if first:  # the summary names the GPUs the first tick found
                 first = False
                 for line in self.summary():
@@ -428,7 +441,7 @@ class Daemon:
             await runner.close()
             await self.remediator.close()
             self._close_outputs()
-            return exitcodes.TEMPFAIL  # a busy port may free up: worth a restart
+            return exitcodes.for_bind_error(exc)
         # "serving on" comes in the startup summary, after the first tick names the GPUs.
         if self.web is not None and self.web.users and tls is None:
             log.warning("basic auth without tls_server_config: passwords cross the network "

@@ -17,7 +17,12 @@ from pathlib import Path
 
 from gpuwatch.config import Config, parse_listen
 from gpuwatch.logfmt import listen_url
-from gpuwatch.paths import writable_dir_problem, writable_file_problem
+from gpuwatch.paths import (
+    creatable_file_problem,
+    writable_dir_problem,
+    writable_file_problem,
+)
+from gpuwatch.startup import probe_dir_verdict
 
 MAX_ENGINE_BODY = 8 << 20  # enough for any engine's /metrics; never read more
 
@@ -124,6 +129,14 @@ def check_engines(cfg: Config) -> Iterator[Finding]:
 
 def _dir_finding(name: str, path: str, private: bool) -> Finding:
     """A directory gpuwatch writes in: it, or the parent it will be created in, is usable."""
+    try:
+        return _dir_finding_of(name, path, private)
+    except OSError as exc:  # a parent this user cannot enter
+        return Finding("fail", name, f"{path}: {exc.strerror}",
+                       f"give this user access to {path}, or run gpuwatch as root")
+
+
+def _dir_finding_of(name: str, path: str, private: bool) -> Finding:
     p = Path(path)
     if p.is_symlink():
         return Finding("fail", name, f"{path} is a symbolic link", f"make {path} a directory")
@@ -158,23 +171,17 @@ def check_paths(cfg: Config) -> Iterator[Finding]:
                        ("recording", cfg.record)):
         if not path:
             continue
-        if not os.path.exists(os.path.dirname(os.path.abspath(path))) and path == audit:
+        missing = not os.path.exists(os.path.dirname(os.path.abspath(path)))
+        problem = (creatable_file_problem if name != "recording" else writable_file_problem)(
+            path)
+        if missing and not problem:
             yield Finding("ok", name, f"{path} (its directory is created at start)")
             continue
-        problem = writable_file_problem(path)
         yield (Finding("fail", name, problem, f"fix {name.replace(' ', '_')} or create its "
                        "directory") if problem else Finding("ok", name, path))
     if cfg.probe.enabled:
-        probe = resolve_dir(cfg.probe.dir)
-        p = Path(probe)
-        if p.is_dir() and not p.is_symlink() and os.geteuid() == 0:
-            st = p.stat()
-            if st.st_uid != 0 or (st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX):
-                yield Finding("fail", "probe directory", f"{probe} is not root-owned and sticky "
-                              f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})",
-                              f"remove {probe}: the daemon recreates it as root, mode 1777")
-                return
-        yield _dir_finding("probe directory", probe, private=False)
+        v = probe_dir_verdict(resolve_dir(cfg.probe.dir))
+        yield Finding(v.status, "probe directory", v.detail, v.fix)
 
 
 def check_listen(cfg: Config) -> Finding:

@@ -6,6 +6,8 @@ import hashlib
 
 import msgspec
 
+from gpuwatch.safetext import encode_json
+
 SIGNALS = (
     "memory_leak",
     "memory_zone",
@@ -90,5 +92,15 @@ class ActionEvent(msgspec.Struct, omit_defaults=True, kw_only=True):
 _encoder = msgspec.json.Encoder()
 
 
+def as_dict(ev: Event | ActionEvent) -> dict:
+    """Plain data, unknown fields omitted, but every event with its severity (DESIGN.md: a
+    warning is the default, which omit_defaults would leave out)."""
+    d = msgspec.to_builtins(ev)
+    if isinstance(ev, Event) and "severity" not in d:
+        d = {k: d[k] if k != "severity" else ev.severity for k in ev.__struct_fields__
+             if k in d or k == "severity"}
+    return d
+
+
 def to_json(ev: Event | ActionEvent) -> str:
-    return _encoder.encode(ev).decode()
+    return encode_json(_encoder, as_dict(ev)).decode()

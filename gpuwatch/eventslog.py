@@ -23,6 +23,9 @@ class EventsLog:
     def __init__(self, path: str, max_pending: int = MAX_PENDING,
                  retry_seconds: float = 1.0, clock=time.monotonic) -> None:
         self.path = path
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):  # /var/log/gpuwatch outside the unit's LogsDirectory=
+            os.mkdir(parent, 0o750)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._pending: collections.deque[bytes] = collections.deque(maxlen=max_pending)
         # The rest of a line the disk cut short: never dropped, or the file would hold a

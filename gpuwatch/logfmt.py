@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from gpuwatch.events import ActionEvent, Event
+from gpuwatch.safetext import printable
 
 MIB = 1 << 20
 
@@ -25,6 +27,27 @@ _UNITS: dict[str, tuple[str, float]] = {
 def iso(t: float) -> str:
     """UTC, second precision, 'Z': what a person pastes into a query."""
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class LogFormatter(logging.Formatter):
+    """The daemon's log lines: one ISO time (UTC, milliseconds), level, logger, message."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatTime(self, record, datefmt=None) -> str:
+        t = dt.datetime.fromtimestamp(record.created, dt.UTC)
+        return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def level(ev: Event | ActionEvent) -> int:
+    """The log level of an event: its severity while firing, INFO once resolved; an action
+    that failed or was refused is a warning."""
+    if isinstance(ev, ActionEvent):
+        return logging.WARNING if ev.result in ("failed", "refused") else logging.INFO
+    if ev.state != "firing":
+        return logging.INFO
+    return logging.CRITICAL if ev.severity == "critical" else logging.WARNING
 
 
 def number(x: float) -> str:
@@ -59,22 +82,26 @@ def target(ev: Event) -> str:
     return ", ".join(parts) or "host"
 
 
-def human_line(ev: Event | ActionEvent) -> str:
-    """One line: time, severity, signal and state, target, value against threshold, message."""
+def human_line(ev: Event | ActionEvent, with_time: bool = True) -> str:
+    """One line: time, severity, signal and state, target, value against threshold, message
+    (without the time in the daemon's log, whose lines carry their own); control characters
+    (of a process name, an engine's text) escaped."""
     ident = getattr(ev, "id", None)
     ref = getattr(ev, "ref", None)
     tag = "".join(f" [{k} {v}]" for k, v in (("id", ident), ("ref", ref)) if v)
     if isinstance(ev, ActionEvent):
         why = f": {ev.reason}" if ev.reason else ""
         via = f" (from {ev.trigger})" if ev.trigger else ""
-        return f"{iso(ev.t)} action {ev.action} {ev.target} -> {ev.result}{via}{why}{tag}"
-    parts = [f"{iso(ev.t)} {ev.severity.upper()} {ev.signal} {ev.state}", target(ev)]
+        line = f"action {ev.action} {ev.target} -> {ev.result}{via}{why}{tag}"
+        return printable(f"{iso(ev.t)} {line}" if with_time else line)
+    head = f"{ev.severity.upper()} {ev.signal} {ev.state}"
+    parts = [f"{iso(ev.t)} {head}" if with_time else head, target(ev)]
     against = _against(ev)
     if against:
         parts.append(against)
     if ev.message:
         parts.append(ev.message)
-    return " | ".join(parts) + tag
+    return printable(" | ".join(parts) + tag)
 
 
 def url_host(host: str) -> str:

@@ -44,3 +44,13 @@ def writable_dir_problem(path: str) -> str | None:
     if not os.access(path, os.W_OK | os.X_OK):
         return f"directory {path} is not writable by this user"
     return None
+
+
+def creatable_file_problem(path: str) -> str | None:
+    """As writable_file_problem, but a missing directory is fine when it can be made in its
+    parent (the events log's /var/log/gpuwatch, made at start like the unit's LogsDirectory=)."""
+    parent = os.path.dirname(os.path.abspath(path)) if path else ""
+    if parent and not os.path.lexists(parent) and not writable_dir_problem(
+            os.path.dirname(parent)):
+        return None
+    return writable_file_problem(path)

@@ -11,6 +11,7 @@ from typing import IO
 import msgspec
 
 from gpuwatch.model import RecordingHeader, Tick
+from gpuwatch.safetext import encode_json
 
 FORMAT = "gpuwatch-recording"
 MAX_HEADER_BYTES = 64 * 1024  # a header is ~100 bytes: never read a huge first line whole
@@ -50,7 +51,7 @@ class Recorder:
         self._f.flush()
 
     def write(self, tick: Tick) -> None:
-        self._f.write(self._enc.encode(tick) + b"\n")
+        self._f.write(encode_json(self._enc, tick) + b"\n")
         if self._flushed_t is None or tick.t - self._flushed_t >= self._every_s:
             self._f.flush()
             self._flushed_t = tick.t

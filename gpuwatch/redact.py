@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import logging
 import re
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
+
+from gpuwatch.safetext import printable
 
 MASK = "***"
 # Shorter values are still masked in their fields, but scrubbing them out of free text would
@@ -207,21 +210,43 @@ _json = msgspec.json.Encoder()
 
 class LogScrubber(logging.Filter):
     """Formats each record's message now, scrubbed, so no handler writes a secret; the
-    traceback of an exception is scrubbed the same way."""
+    traceback of an exception is scrubbed the same way. Control characters are escaped
+    (a process name cannot forge a line or drive the terminal); a traceback keeps its
+    newlines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:  # a bad format string: let logging report it as it would
             return True
-        record.msg, record.args = scrub_text(message), None
+        record.msg, record.args = printable(scrub_text(message)), None
         if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = _format_exception(record.exc_info)
         if record.exc_text:
-            record.exc_text = scrub_text(record.exc_text)
+            record.exc_text = printable(scrub_text(record.exc_text), keep="\n")
         if record.stack_info:
-            record.stack_info = scrub_text(record.stack_info)
+            record.stack_info = printable(scrub_text(record.stack_info), keep="\n")
         return True
+
+
+def _format_exception(exc_info) -> str:
+    """The traceback as logging writes it, with each exception's own text escaped whole:
+    a message with a newline in it cannot start a line of its own."""
+    try:
+        te = traceback.TracebackException(*exc_info)
+    except Exception:  # fall back to logging's own rendering
+        return logging.Formatter().formatException(exc_info)
+    todo, seen = [te], set()
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if isinstance(getattr(t, "_str", None), str):
+            t._str = printable(t._str)
+        todo += [x for x in (t.__cause__, t.__context__, *(getattr(t, "exceptions", None)
+                                                           or ())) if x is not None]
+    return "".join(te.format()).rstrip("\n")
 
 
 def install_log_filter(logger: logging.Logger | None = None) -> None:

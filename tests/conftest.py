@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests import helpers
+from tests.realservers import build
+
+_TOOLS: list[str] = []
+
+
+def pytest_configure(config):
+    """Prometheus, promtool, Alertmanager and amtool: Debian's, on PATH for every test and
+    child (fetched once into the cache where they are not installed)."""
+    try:
+        where = build.tool_dir()
+    except (build.Unavailable, RuntimeError, OSError) as exc:
+        _TOOLS.append(f"prometheus tools: not available ({exc})")
+        return
+    if where:
+        os.environ["PATH"] = where + os.pathsep + os.environ.get("PATH", "")
+    _TOOLS.append(f"prometheus tools: {where or 'installed (PATH)'}")
+
+
+def pytest_report_header(config):
+    return _TOOLS
 
 
 def _factory(request, tmp_path, cls):
@@ -34,6 +56,28 @@ def pytest_runtest_makereport(item, call):
 def daemon(request, tmp_path):
     """start(*cli_args, config_toml=None, env=None) -> helpers.Daemon (ready)."""
     yield from _factory(request, tmp_path, helpers.Daemon)
+
+
+@pytest.fixture
+def procs():
+    """Processes of other uids for the local-user attack tests (tests/hostile_users.py),
+    killed at the end."""
+    from tests.hostile_users import Procs
+
+    p = Procs()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def probe_dir():
+    """A probe directory every user may reach, for daemons run as root by the local-user
+    attack tests: what the daemon mounts in it is unmounted at the end."""
+    from tests.hostile_users import remove_shared, shared_dir
+
+    d = shared_dir()
+    yield f"{d}/probe"
+    remove_shared(d)
 
 
 @pytest.fixture

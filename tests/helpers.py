@@ -21,9 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment for a child that imports gpuwatch from this checkout."""
+    """The environment for a child that imports gpuwatch from this checkout, without the
+    harness's own GPUWATCH_TEST* switches (they are not the daemon's settings)."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, **extra}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_TEST")}
+    return {**env, "PYTHONPATH": path, **extra}
 
 
 def free_port() -> int:
@@ -76,9 +78,8 @@ def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         raise RuntimeError(
-            f"{name} is not installed; the README's test command installs it "
-            "(Debian packages prometheus, prometheus-alertmanager)"
-        )
+            f"{name} not found: tests/conftest.py unpacks Debian's prometheus and "
+            "prometheus-alertmanager into the test cache (needs apt-get and the archive)")
     return path
 
 
@@ -114,11 +115,13 @@ class Proc:
 
 class Daemon(Proc):
     def __init__(self, workdir: Path, *args: str, config_toml: str | None = None,
-                 env: dict | None = None, wait_ready: bool = True, preexec=None) -> None:
+                 env: dict | None = None, wait_ready: bool = True, preexec=None,
+                 module: str = "gpuwatch") -> None:
+        """module: what `python -m` runs (tests.fake_nvml_daemon: over a fake GPU)."""
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.address}"
-        argv = [sys.executable, "-m", "gpuwatch", "run", "--listen", self.address]
+        argv = [sys.executable, "-m", module, "run", "--listen", self.address]
         if config_toml is not None:
             cfg = workdir / f"gpuwatch-{self.port}.toml"
             cfg.write_text(config_toml)

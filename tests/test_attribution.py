@@ -10,7 +10,7 @@ import os
 import socket
 import subprocess
 import sys
-import time
+import threading
 from concurrent import futures
 
 import grpc
@@ -118,10 +118,8 @@ def test_absent_or_wrong_socket_fails_with_a_reason(tmp_path):
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(dead))
     s.close()
-    t0 = time.monotonic()
     with pytest.raises(PodResourcesUnavailable, match="List failed"):
-        list_containers(str(dead), timeout=1.0)
-    assert time.monotonic() - t0 < 5
+        list_containers(str(dead), timeout=1.0)  # a hang would end in the test's timeout
 
 
 # -- the join ---------------------------------------------------------------------------
@@ -186,7 +184,7 @@ def test_cli_resolves_the_real_world_samples(tmp_path):
     for doc, (source, _, expected) in zip(lines, SAMPLES, strict=True):
         assert set(doc) == {"pid", "namespace", "pod", "pod_uid", "container", "container_id",
                             "qos", "slurm_job_id", "slurm_job_user", "systemd_unit",
-                            "pod_labels", "source"}
+                            "pod_labels", "source", "slurm_job_id_self_reported"}
         for field in ("pod_uid", "container_id", "qos", "slurm_job_id", "systemd_unit"):
             if field in expected:
                 assert doc[field] == expected[field], f"{source}: {field}"
@@ -210,7 +208,9 @@ def test_cli_joins_the_cgroup_with_a_real_kubelet(tmp_path, kubelet):
     assert docs[104]["source"] == "cgroup+podresources"
 
 
-def test_cli_slurm_job_from_the_environment_and_nothing_else(tmp_path):
+def test_cli_shows_the_self_reported_slurm_job_for_what_it_is_and_nothing_else(tmp_path):
+    """SLURM_JOB_ID is whatever the process set: shown apart, never the job id that labels
+    and routes."""
     secret = b"HF_TOKEN=hf_verysecret"
     root = fake_proc(tmp_path / "proc", {
         201: ("0::/user.slice/user-1000.slice/session-3.scope\n",
@@ -222,9 +222,12 @@ def test_cli_slurm_job_from_the_environment_and_nothing_else(tmp_path):
     res = _cli("--proc-root", str(root), "--podresources-socket", "", "201", "202", "203")
     assert res.returncode == 0, res.stderr
     docs = {d["pid"]: d for d in map(json.loads, res.stdout.splitlines())}
-    assert docs[201]["slurm_job_id"] == "5512" and docs[201]["source"] == "cgroup+environ"
+    assert docs[201]["slurm_job_id"] is None and docs[201]["slurm_job_user"] is None
+    assert docs[201]["slurm_job_id_self_reported"] == "5512"
+    assert docs[201]["source"] == "cgroup+environ-self-reported"
     assert docs[202]["slurm_job_id"] == "77" and docs[202]["source"] == "cgroup"
-    assert docs[203]["slurm_job_id"] is None
+    assert docs[202]["slurm_job_id_self_reported"] is None
+    assert docs[203]["slurm_job_id"] is docs[203]["slurm_job_id_self_reported"] is None
     assert "verysecret" not in res.stdout + res.stderr
 
 
@@ -304,8 +307,9 @@ def test_source_fails_soft_and_says_why(tmp_path):
 
 
 def test_on_a_slurm_node_every_process_names_its_job(tmp_path):
-    """cgroup v1 and v2 job paths, the SLURM_JOB_ID fallback, and dcgm-exporter's job-mapping
-    files: every process series carries slurm_job_id."""
+    """cgroup v1 and v2 job paths and dcgm-exporter's job-mapping files: every process series
+    they place carries slurm_job_id; SLURM_JOB_ID from a process's environment labels
+    nothing."""
     from gpuwatch.exporter.families import process as process_family
     from gpuwatch.exporter.snapshot import Snapshot
     from gpuwatch.model import Tick
@@ -331,12 +335,13 @@ def test_on_a_slurm_node_every_process_names_its_job(tmp_path):
     src.close()
     jobs = {(g.index, p.pid): p.slurm_job_id for g in gpus for p in g.processes}
     # 404 is on GPU 3 (one job) and GPU 4 (no file): the one job
-    assert jobs == {(0, 401): "4242", (1, 402): "77", (2, 403): "5512", (3, 404): "job-2026-01",
+    assert jobs == {(0, 401): "4242", (1, 402): "77", (2, 403): "", (3, 404): "job-2026-01",
                     (4, 404): "job-2026-01"}
+    assert src.cache[(403, 1.0)].slurm_job_id_self_reported == "5512"
     assert src.cache[(401, 1.0)].slurm_job_user == "root"  # uid_0 in the path
     fams = {m.name: m for m in process_family.collect(Snapshot(tick=Tick(t=1.0, gpus=gpus)))}
     samples = fams["gpuwatch_process_info"].samples
-    assert len(samples) == 5 and all(s.labels["slurm_job_id"] for s in samples)
+    assert [s.labels["slurm_job_id"] != "" for s in samples].count(True) == 4
 
 
 # -- events and recordings -------------------------------------------------------------------
@@ -387,10 +392,11 @@ def test_recordings_keep_the_owner_so_replay_names_it_too(tmp_path):
 
 def test_a_periodic_refresh_never_delays_a_tick(tmp_path, kubelet):
     class SlowHost(ProcHost):
-        delay = 0.0
+        gate: threading.Event | None = None
 
         def containers(self):
-            time.sleep(self.delay)
+            if self.gate is not None:  # a kubelet that answers only when the test says so
+                self.gate.wait(60)
             return super().containers()
 
     root = fake_proc(tmp_path / "proc", {101: (cgroup_line(UID_A, C1), None)})
@@ -399,22 +405,26 @@ def test_a_periodic_refresh_never_delays_a_tick(tmp_path, kubelet):
 
     async def go():
         await src.update(_gpus({GPU0: [101]}), 0.0)  # a new process: awaited
-        host.delay = 1.0
+        host.gate = threading.Event()
         kubelet.pods = [("serving", "llama-70b-7c9f-v2", [("vllm", [GPU0])])]
         gpus = _gpus({GPU0: [101]})
-        t0 = time.monotonic()
-        await src.update(gpus, 20.0)  # periodic, with a kubelet that takes a second
-        took = time.monotonic() - t0
+        # Periodic, with a kubelet that has not answered: a tick that waited for it would
+        # hold the new pod name (and block until the gate's timeout).
+        await src.update(gpus, 20.0)
         before = gpus[0].processes[0].pod
-        await asyncio.sleep(1.5)
-        gpus = _gpus({GPU0: [101]})
-        await src.update(gpus, 22.0)
-        return took, before, gpus[0].processes[0].pod
+        host.gate.set()
+        for _ in range(400):
+            await asyncio.sleep(0.05)
+            gpus = _gpus({GPU0: [101]})
+            await src.update(gpus, 22.0)
+            if gpus[0].processes[0].pod != before:
+                break
+        return before, gpus[0].processes[0].pod
 
-    took, before, after = asyncio.run(go())
+    before, after = asyncio.run(go())
     src.close()
-    assert took < 0.5  # the tick went on with the cached answer
-    assert before == "llama-70b-7c9f" and after == "llama-70b-7c9f-v2"
+    assert before == "llama-70b-7c9f"  # the tick went on with the cached answer
+    assert after == "llama-70b-7c9f-v2"
 
 
 def test_grpc_is_loaded_only_when_the_kubelet_socket_exists(tmp_path):
@@ -428,7 +438,7 @@ def test_grpc_is_loaded_only_when_the_kubelet_socket_exists(tmp_path):
 
 
 def test_a_real_process_on_the_real_proc(tmp_path):
-    """The host's own /proc: a child started with SLURM_JOB_ID names its job (as root)."""
+    """The host's own /proc: a child started with SLURM_JOB_ID claims its job (as root)."""
     if os.geteuid() != 0:
         pytest.skip("reading another process's environment needs root")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
@@ -436,7 +446,8 @@ def test_a_real_process_on_the_real_proc(tmp_path):
     try:
         res = resolve(ProcHost("/proc", ""), {child.pid: set(), os.getpid(): set()})
         att = res.attributions[child.pid]
-        assert att.slurm_job_id == "777001" and "environ" in att.source
+        assert att.slurm_job_id is None and att.slurm_job_id_self_reported == "777001"
+        assert att.source == "environ-self-reported"
         assert "k3y" not in repr(res)
     finally:
         child.kill()

@@ -123,7 +123,68 @@ SAMPLES = [
      dict(pod_uid="0125ec2f-b64a-4868-8f5b-94b56cbab864", container_id=C3, qos="besteffort")),
     ("a container's own view with a private cgroup namespace: nothing to say",
      "0::/\n", dict(pod_uid=None, container_id=None, systemd_unit=None)),
+    ("Docker, systemd driver, systemd inside the container: its own cgroups below the scope",
+     f"0::/system.slice/docker-{C5}.scope/init.scope\n",
+     dict(container_id=C5, runtime="docker", systemd_unit="init.scope")),
 ]
+
+# What a user can create: systemd delegates user@<uid>.service to its user (cgroup v2), a
+# container may own its subtree. Each names another team's pod or another user's job, and
+# must be read as nothing but the unit it is.
+SPOOFS = [
+    ("a kubepods-shaped cgroup in the user's delegated systemd manager",
+     "0::/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-burstable.slice"
+     f"/kubepods-burstable-pod55c6c714_b240_4dec_9a45_57b61696ab6e.slice/cri-containerd-{C1}"
+     ".scope\n", f"cri-containerd-{C1}.scope"),
+    ("the pod slice alone, right in the user's manager",
+     "0::/user.slice/user-4242.slice/user@4242.service/kubepods-burstable-pod55c6c714_b240_4dec"
+     f"_9a45_57b61696ab6e.slice/cri-containerd-{C1}.scope\n", f"cri-containerd-{C1}.scope"),
+    ("cgroupfs-shaped, in the user's manager",
+     "0::/user.slice/user-4242.slice/user@4242.service/kubepods/besteffort/pod18d34ce4-50c7-"
+     f"452c-9df8-53c4a3fdf363/{C7}\n", "user@4242.service"),
+    ("a Slurm v1 path in the user's manager",
+     "0::/user.slice/user-4242.slice/user@4242.service/slurm/uid_2002/job_999/step_0\n",
+     "user@4242.service"),
+    ("a Slurm v2 path in the user's manager",
+     "0::/user.slice/user-4242.slice/user@4242.service/system.slice/slurmstepd.scope/job_999/"
+     "step_0\n", "slurmstepd.scope"),
+    ("seen from gpuwatch's own cgroup namespace (relative path)",
+     "0::/../../user.slice/user-4242.slice/user@4242.service/kubepods-besteffort-pod0125ec2f_"
+     f"b64a_4868_8f5b_94b56cbab864.slice/cri-containerd-{C3}.scope\n",
+     f"cri-containerd-{C3}.scope"),
+    ("a rootless container of the user (podman under user@.service)",
+     f"0::/user.slice/user-4242.slice/user@4242.service/user.slice/docker-{C5}.scope\n",
+     f"docker-{C5}.scope"),
+    ("a container that owns its subtree makes a pod cgroup inside it",
+     f"0::/system.slice/docker-{C5}.scope/kubepods.slice/kubepods-burstable.slice/kubepods-"
+     f"burstable-pod55c6c714_b240_4dec_9a45_57b61696ab6e.slice/cri-containerd-{C1}.scope\n",
+     f"cri-containerd-{C1}.scope"),
+    ("a Slurm tree below a service (not slurmd's root)",
+     "0::/system.slice/evil.service/slurm/uid_2002/job_999/step_0\n", "evil.service"),
+]
+
+
+@pytest.mark.parametrize("source,text,unit", SPOOFS, ids=[s[0][:60] for s in SPOOFS])
+def test_cgroups_a_user_can_make_name_no_pod_container_or_job(source, text, unit):
+    info = cgroup.parse(text)
+    assert (info.pod_uid, info.slurm_job_id, info.slurm_uid, info.qos) == (None,) * 4, source
+    # the only real container among them: the Docker one the kubepods tree was made in
+    real = C5 if text.startswith("0::/system.slice/docker-") else None
+    assert info.container_id == real, source
+    assert info.systemd_unit == unit
+
+
+def test_a_pod_or_job_nested_in_a_real_one_is_the_real_one():
+    """A process in a pod (or job) that makes cgroups below its own names no other."""
+    real = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poda5c1f8d5_1919_"
+            f"434d_add7_4afaafdaef89.slice/cri-containerd-{C4}.scope/kubepods-besteffort-pod"
+            f"0125ec2f_b64a_4868_8f5b_94b56cbab864.slice/cri-containerd-{C3}.scope\n")
+    info = cgroup.parse(real)
+    assert (info.pod_uid, info.container_id) == ("a5c1f8d5-1919-434d-add7-4afaafdaef89", C4)
+    job = cgroup.parse("0::/slurm/uid_1000/job_4242/step_0/task_0/job_999/step_0\n")
+    assert (job.slurm_job_id, job.slurm_step, job.slurm_uid) == ("4242", "0", 1000)
+    v2 = cgroup.parse("0::/system.slice/slurmstepd.scope/job_77/step_3/user/job_999/step_0\n")
+    assert (v2.slurm_job_id, v2.slurm_step) == ("77", "3")
 
 
 @pytest.mark.parametrize("source,text,expected", SAMPLES, ids=[s[0][:60] for s in SAMPLES])

@@ -80,7 +80,7 @@ def test_check_fails_with_the_fix(tmp_path, engine):
         (rules / f.name).write_text(f.read_text())
     (rules / "gpuwatch.alerts.yml").write_text("groups: []\n")  # an older version's rules
     dead = free_port()
-    cfg = write_config(tmp_path, f'events_log = "{tmp_path}/nope/events.jsonl"\n'
+    cfg = write_config(tmp_path, f'events_log = "{tmp_path}/nope/deeper/events.jsonl"\n'
                        f'[[engines]]\nname = "gone"\nurl = "http://127.0.0.1:{dead}"\n'
                        f'[[engines]]\nname = "web"\nurl = "{engine}/other"\n')
     with socket.socket() as busy:

@@ -88,3 +88,12 @@ def test_daemon_exits_2_before_serving_on_bad_config(tmp_path):
                        timeout=60)
     assert r.returncode == 2
     assert "nvml.fast_interval_seconds" in r.stderr and "serving" not in r.stderr
+
+
+@pytest.mark.parametrize("name", [
+    "GPUWATCH_SERVICE_HOST", "GPUWATCH_PORT_19400_TCP_ADDR", "GPUWATCH_PROBE_SERVICE_PORT",
+    "GPUWATCH_TESTS_REQUIRE_ENGINES",
+])
+def test_other_tools_variables_are_ignored_not_fatal(name):
+    # kubelet injects service links for a Service named gpuwatch-*; a harness has its own.
+    assert load(None, environ={name: "10.0.0.1"}).listen == load(None, environ={}).listen

@@ -165,6 +165,22 @@ def test_containerfile_builds_the_pinned_tag():
         assert (REPO / name).exists(), name
 
 
+def test_the_container_keeps_the_units_hardening():
+    """The unit's capabilities, no privilege gain and read-only system, in the image's run
+    command and the DaemonSet alike."""
+    caps = {c.removeprefix("CAP_") for c in set(unit()["CapabilityBoundingSet"][0].split())}
+    text = (ROOT / "Containerfile").read_text()
+    assert set(re.findall(r"--cap-add (\w+)", text)) == caps and "--cap-drop ALL" in text
+    for flag in ("--security-opt no-new-privileges", "--read-only", "--pid=host"):
+        assert flag in text, flag
+    assert re.search(r"^FROM \$\{BASE\}$", text, re.M) and "python3-venv" in text
+    (container,) = one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    sc = container["securityContext"]
+    assert set(sc["capabilities"]["add"]) == caps and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert unit()["NoNewPrivileges"] == ["yes"] and unit()["ProtectSystem"] == ["strict"]
+
+
 def unit() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for line in UNIT.read_text().splitlines():
@@ -179,8 +195,9 @@ def test_systemd_unit_fits_the_documented_install():
     run_cmd = blocks("sh")[0]
     assert VENV_BIN.replace("gpuwatch/bin/gpuwatch", "gpuwatch/bin/pip install") in run_cmd
     assert u["ExecStart"] == [f"{VENV_BIN} run --config /etc/gpuwatch/gpuwatch.toml"]
-    assert u["ExecStartPre"] == [f"{VENV_BIN} check --config /etc/gpuwatch/gpuwatch.toml"]
-    # Config errors are not retried; a busy port (and everything else) is.
+    # Config errors are not retried; a busy port (and everything else) is. A failed
+    # ExecStartPre= would be retried whatever its status: the daemon checks at start itself.
+    assert "ExecStartPre" not in u
     assert u["RestartPreventExitStatus"] == [str(exitcodes.USAGE)]
     assert u["Restart"] == ["on-failure"] and exitcodes.TEMPFAIL != exitcodes.USAGE
     assert "/etc/gpuwatch/gpuwatch.toml" in (ROOT / "gpuwatch.toml").read_text()

@@ -31,7 +31,8 @@ def exported_families(scenario: str, seconds: float) -> set[str]:
                 setattr(g, key, v)
         pipeline.update(tick)
     snap = Snapshot(version=1, tick=tick, derived=pipeline.derived, ready=True, started=t0,
-                    extras={"remediation": {("snapshot", "ok"): 1}})
+                    extras={"remediation": {("snapshot", "ok"): 1},
+                            "ticks": {"failures_total": 0}})
     body = Renderer().render(snap).decode()
     return set(re.findall(r"^# TYPE (\S+) ", body, re.M))
 

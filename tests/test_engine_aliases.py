@@ -4,7 +4,6 @@ the same, no exposition with a family the table calls removed, unread families l
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -139,9 +138,9 @@ def test_unread_families_are_listed_and_bounded():
     assert all(len(f) <= 200 and "yyy" not in f for f in r.unread_families)
 
 
-def test_dialect_renaming_is_cheap_on_a_big_body():
+def test_dialect_renaming_reads_a_big_body():
+    # its cost: benchmarks/hostile_input_cost.py
     rows = "".join(f'num_requests_running{{model_name="m{i}"}} 1\n' for i in range(200_000))
-    t = time.perf_counter()
     text, d = aliases.canonical(rows)
     assert d == "nim" and text.startswith("vllm:num_requests_running")
-    assert time.perf_counter() - t < 2.0
+    assert text.count("\nvllm:num_requests_running{") == 200_000 - 1

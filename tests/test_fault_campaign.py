@@ -239,3 +239,107 @@ def test_sigkill_while_recording_loses_at_most_a_few_seconds(daemon, tmp_path, n
     assert lost <= (GZIP_FLUSH_SECONDS + 0.5 if name.endswith(".gz") else 0.5), lost
     # Ticks are whole and in order up to the kill.
     assert kept == sorted(kept) and len(kept) >= 12 / 0.5 - 2 - GZIP_FLUSH_SECONDS / 0.5
+
+
+# -- hostile local users, all at once (each attack alone: tests/test_hostile_*.py) ----------
+
+def test_hostile_local_users_at_once(daemon, tmp_path):
+    """One daemon that records, scraped throughout, against: processes of another uid named
+    with bytes that are not UTF-8 and terminal controls, one in a kubepods-shaped cgroup of
+    its own, a user filling all it may write of the probe filesystem, and a flood of large
+    snapshots of that user's process beside two other users' snapshots."""
+    from tests import hostile_users as hu
+
+    if not hu.ROOT:
+        pytest.skip("needs root to mount and to run processes of other uids")
+    filler_uid, mib = 4244, 1 << 20
+    procs, shared = hu.Procs(), hu.shared_dir()
+    cg = hu.Cgroups(hu.cgroup2_root()) if hu.cgroup2_root() else None
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0755", "tmpfs", shared],
+                       check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        hu.remove_shared(shared)
+        pytest.skip(f"cannot mount a tmpfs here: {exc}")
+    try:
+        base = f"{shared}/probe"
+        named = [procs.renamed(hu.BAD_COMM, hu.ATTACKER).pid,
+                 procs.binary_named(hu.BAD_FILE, hu.ATTACKER).pid]
+        flooder = procs.script(hu.SNAP_PROBE, base, "dense", str(3 * mib), uid=hu.ATTACKER).pid
+        victims = [procs.script(hu.SNAP_PROBE, base, "dense", str(mib), uid=u).pid
+                   for u in (hu.VICTIM, 5001)]
+        filler = procs.script(hu.FILL, base, uid=filler_uid)
+        spoof = []
+        if cg is not None:
+            mgr = f"user.slice/user-{hu.ATTACKER}.slice/user@{hu.ATTACKER}.service"
+            cg.make(mgr, owner=hu.ATTACKER)
+            p = procs.script(hu.SELF_MOVE, uid=hu.ATTACKER, stdin=subprocess.PIPE)
+            cg.move(p.pid, mgr)
+            p.stdin.write(cg.path(f"{mgr}/kubepods.slice/kubepods-pod55c6c714_b240_4dec_9a45_"
+                                  "57b61696ab6e.slice/cri-containerd-" + "e" * 64 + ".scope")
+                          + "\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "moved"
+            spoof.append(p.pid)
+        pids = [*named, flooder, *victims, filler.pid, *spoof]
+        (tmp_path / "gpu-pids").write_text("".join(f"{p}\n" for p in pids))
+        rec = tmp_path / "rec.jsonl"
+        d = daemon("--record", str(rec), module="tests.fake_nvml_daemon",
+                   env={"FAKE_NVML_PIDS_FILE": str(tmp_path / "gpu-pids")},
+                   config_toml=WEBHOOK_TOML + f"""
+[probe]
+dir = "{base}"
+user_max_bytes = {8 * mib}
+user_max_files = 256
+[remediation.snapshot]
+dir = "{tmp_path / 'snaps'}"
+max_total_bytes = {16 * mib}
+max_user_bytes = {6 * mib}
+max_snapshot_bytes = {4 * mib}
+""")
+        assert filler.stdout.readline().startswith("full ")
+        wait_until(lambda: {p["pid"] for p in d.state()["sample"].get("probes", ())}
+                   >= {flooder, *victims}, 30, what="the probes read")
+        uuid = d.state()["sample"]["gpus"][0]["uuid"]
+        assert post_alerts(d, [alert(pid=p, uuid=uuid, fingerprint=f"v{p}")
+                               for p in victims]) == 200
+        snaps = tmp_path / "snaps"
+        wait_until(lambda: len(list(snaps.glob("*-allocator.pickle"))) == 2, 30,
+                   what="the victims' snapshots")
+        kept = sorted(snaps.glob("*-allocator.pickle"))
+        rss0 = rss_mb(d)
+
+        def flood(i: int) -> int:
+            return post_alerts(d, [alert(pid=flooder, uuid=uuid, fingerprint=f"f{i}-{j}")
+                                   for j in range(5)])
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            statuses = pool.map(flood, range(8))
+            lat = scrape_latencies(d, 150)
+            state_codes = [http_get(d.url + "/api/state", 10)[0] for _ in range(20)]
+            assert list(statuses) == [200] * 8
+        assert state_codes == [200] * 20 and p99(lat) < FLOOD_P99_S, sorted(lat)[-5:]
+        assert d.get("/readyz") == (200, b"ready\n")
+        assert "gpuwatch_tick_failures_total 0.0" in d.metrics()
+        assert d.alive() and rss_mb(d) - rss0 < RSS_GROWTH_MB
+        # the victims' snapshots survived the flood, the directory kept its cap
+        assert all(p.exists() for p in kept)
+        assert sum(f.stat().st_size for f in snaps.iterdir()) <= 16 * mib + 4 * mib
+        # the victims' probes still publish: their records are fresh
+        now = d.state()["t"]
+        fresh = {p["pid"] for p in d.state()["sample"]["probes"] if now - p["t"] < 10}
+        assert set(victims) <= fresh
+        # the spoofer got no pod; every tick was recorded with the named processes
+        labels = [line for line in d.metrics().splitlines()
+                  if line.startswith("gpuwatch_process_gpu_memory_used_bytes{")]
+        assert all('pod=""' in line for line in labels)
+        d.stop()
+        out = d.log_path.read_bytes()
+        assert b"Traceback" not in out and b"\x1b" not in out and b"\r" not in out
+        ticks = list(read_recording(str(rec))[1])
+        assert ticks and all({*named} <= {p.pid for p in t.gpus[0].processes}
+                             for t in ticks[2:])
+    finally:
+        procs.close()
+        if cg is not None:
+            cg.close()
+        hu.remove_shared(shared)

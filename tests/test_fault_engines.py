@@ -1,7 +1,8 @@
 """Fault campaign against the engine path: a real daemon scrapes abusive endpoints (garbage,
 slowloris, huge, gzip bomb, label churn, NaN/1e308, counters backwards, duplicate series,
 replicas behind one URL) on loopback, next to a healthy engine. Bounded in time; asserts
-liveness, bounded RSS and /metrics latency, and sane values."""
+liveness, bounded RSS and sane values. The /metrics latency beside a daemon that scrapes only
+the healthy engine is measured in benchmarks/hostile_input_cost.py."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ COUNTER_MAX = 2.0**53
 MAX_QUEUE_SECONDS = 86400.0
 
 
-@pytest.fixture
-def abusive(tmp_path):
+@contextlib.contextmanager
+def abusive_endpoints(tmp_path: Path):
+    """The abusive endpoints' port."""
     port_file = tmp_path / "abusive.port"
     # Niced: the endpoints stand for remote hosts; their CPU is not the daemon's to share.
     proc = Proc(["nice", "-n", "10", sys.executable, "-m", "tests.abusive_engines",
@@ -38,6 +40,12 @@ def abusive(tmp_path):
         yield int(port_file.read_text())
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def abusive(tmp_path):
+    with abusive_endpoints(tmp_path) as port:
+        yield port
 
 
 def config(port: int, paths, interval: float = 1.0) -> str:
@@ -172,11 +180,8 @@ def watch_with_baseline(abusive, daemon, paths, seconds: float, state_every: flo
 
 
 def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, daemon):
-    w, base = watch_with_baseline(abusive, daemon, ABUSES, 90, state_every=2)
+    w, _ = watch_with_baseline(abusive, daemon, ABUSES, 90, state_every=2)
     print(w.report("campaign"))
-    # Moving ~35 MB/s of bodies costs the loop some: bounded at 4x the healthy daemon's p99
-    # (100 ms at least); read on the loop, the huge body alone gave a p99 of about 1 s.
-    limit = max(0.1, 4 * base.p99())
     healthy = [s["signals"]["engines"].get("healthy") for s in w.states[5:]]
     assert healthy and all(h and h["up"] for h in healthy), "the healthy engine went down"
     final = w.states[-1]
@@ -199,17 +204,15 @@ def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, 
     growth = w.growth(warm=30)  # engine windows fill for their first minutes
     assert growth < 20, f"RSS grew {growth:.1f} MiB: {w.rss}"
     assert max(r for _, r in w.rss) < 400 and max(w.children_rss) < 600
-    assert w.p99() < limit, f"/metrics p99 {w.p99() * 1000:.1f} ms (limit {limit * 1000:.1f})"
 
 
-def test_label_churn_keeps_memory_and_metrics_latency_bounded(abusive, daemon):
+@pytest.mark.timeout(600)
+def test_label_churn_keeps_memory_bounded(abusive, daemon):
     """10k new label sets per scrape for three minutes."""
-    w, base = watch_with_baseline(abusive, daemon, ("churn",), 180, state_every=30)
+    w, _ = watch_with_baseline(abusive, daemon, ("churn",), 180, state_every=30)
     print(w.report("churn"))
-    limit = max(0.010, 2 * base.p99())
     growth = w.growth(warm=20)
     churn = w.states[-1]["signals"]["engines"]["churn"]
     assert churn["up"] and churn["series_groups"] <= 512
     assert "max_series_groups" in churn["limit"]
     assert growth < 20, f"RSS grew {growth:.1f} MiB: {w.rss}"
-    assert w.p99() < limit, f"/metrics p99 {w.p99() * 1000:.1f} ms (limit {limit * 1000:.1f})"

@@ -402,9 +402,7 @@ def test_stops_cleanly_and_removes_its_record(hosts, tmp_path):
     host.send("fragment")
     rec = tmp_path / "probe" / str(os.geteuid()) / f"{host.pid}.json"
     wait_until(rec.exists, timeout=20, what="the record")
-    t0 = time.monotonic()
     assert host.exit() == 0
-    assert time.monotonic() - t0 < 10
     assert not rec.exists()
     assert "Traceback" not in host.stderr()
 

@@ -7,7 +7,6 @@ import asyncio
 import functools
 import json
 import sys
-import time
 
 import psutil
 import pytest
@@ -70,10 +69,8 @@ def test_timeout_kills_the_process_group(tmp_path):
         f"open({str(pids)!r}, 'w').write(f'{{__import__(\"os\").getpid()}} {{g.pid}}')\n"
         "time.sleep(120)\n"
     )
-    t0 = time.monotonic()
     with pytest.raises(HookFailed, match="timed out after 1s"):
         asyncio.run(exec_hook.run([sys.executable, "-c", script], PAYLOAD, timeout=1))
-    assert time.monotonic() - t0 < 10
     def gone(pid: int) -> bool:
         try:
             return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -107,7 +107,7 @@ def test_probe_snapshot_and_flush_in_a_real_process(tmp_path, probed):
     snap_detail, flush_detail = out[0].detail, out[1].detail
     pickle_path = snap_detail["allocator_snapshot"]
     assert os.path.dirname(pickle_path) == str(tmp_path / "snaps")
-    assert pickle_path.endswith(f"-pid{pid}-allocator.pickle")
+    assert pickle_path.endswith(f"-pid{pid}-uid{os.getuid()}-allocator.pickle")
     assert stat.S_IMODE(os.stat(pickle_path).st_mode) == 0o600
     with open(pickle_path, "rb") as f:
         data = pickle.load(f)

@@ -112,7 +112,7 @@ def test_default_critical_leak_snapshots_the_offending_process(tmp_path):
     assert results(out) == [("snapshot", "ok")]
     assert out[0].target == f"{UUID}/pid:4242" and out[0].trigger == "policy"
     [name] = snap_files(tmp_path)
-    assert name.endswith("-pid4242-nvml.json")
+    assert name.endswith("-pid4242-host-nvml.json")  # no such process: the host's
     path = tmp_path / "snaps" / name
     state = json.loads(path.read_text())
     assert state["target"]["pid"] == 4242
@@ -452,7 +452,7 @@ def test_snapshot_asks_the_probe_when_the_process_has_one(tmp_path, monkeypatch)
     # No directory offered to the probe, and its "path" is not looked at.
     assert calls == [(4242, "snapshot", {"history": True}), (4242, "0123456789abcdef")]
     pickle_path = out[0].detail["allocator_snapshot"]
-    assert pickle_path.endswith("-pid4242-allocator.pickle") and out[0].detail["segments"] == 7
+    assert pickle_path.endswith("-pid4242-host-allocator.pickle") and out[0].detail["segments"] == 7
     assert stat.S_IMODE(os.stat(pickle_path).st_mode) == 0o600
     # A probe record left by an earlier process with the same pid is not this process's.
     stale = [ProbeSample(pid=4242, create_time=500.0)]

@@ -84,7 +84,13 @@ def test_startup_summary_human_events_and_replay_text(daemon, tmp_path):
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ WARNING fragmentation firing \| gpu GPU-",
                     first), first
     assert "< threshold 0.6" in first and "allocator fragmented" in first
-    assert first in {line.split("gpuwatch: ", 1)[1] for line in human}  # the live line
+    # the live line: the same, after the log's own (one) time, at the event's severity
+    assert first.split(" ", 1)[1] in {line.split("gpuwatch: ", 1)[1] for line in human}
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z"
+    for line in human:
+        assert len(re.findall(stamp, line)) == 1, line
+        level, severity = re.match(rf"{stamp} (\w+) gpuwatch: (\w+) ", line).groups()
+        assert level == severity, line
 
 
 def _run(tmp_path, *args):
@@ -132,3 +138,21 @@ def test_ipv6_url_is_bracketed(daemon, tmp_path):
         assert f"serving on http://[::1]:{port}/" in p.output()
     finally:
         p.stop()
+
+
+def test_every_event_carries_its_severity_and_iso_times():
+    from gpuwatch.events import as_dict, to_json
+    from gpuwatch.exporter.snapshot import Snapshot
+    from gpuwatch.exporter.state_json import state_document
+    from gpuwatch.signals.conditions import Conditions
+
+    warning = Event(t=T, signal="memory_zone", state="firing", gpu_uuid="GPU-3")
+    assert json.loads(to_json(warning))["severity"] == "warning"
+    assert list(as_dict(warning))[:4] == ["t", "signal", "state", "severity"]
+    c = Conditions()
+    (fired,) = c.set(T, warning, warning.key)
+    (resolved,) = c.set(T + 90, None, warning.key)
+    assert "fired at 2025-11-30T08:00:00Z" in resolved.message
+    state = state_document(Snapshot(active_events=(fired,), recent_events=(fired, resolved)))
+    assert [e["severity"] for e in state["active_events"] + state["recent_events"]] == [
+        "warning"] * 3

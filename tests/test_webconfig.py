@@ -105,7 +105,7 @@ def test_cli_exits_2_with_one_line(pki, tmp_path):
                         "--listen", "127.0.0.1:0", "--web-config", str(path)],
                        capture_output=True, text=True, env=child_env(), timeout=60, cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.startswith("gpuwatch: --web-config: web config ")
+    assert r.stderr.startswith("gpuwatch: configuration error: web config ")
     assert len(r.stderr.strip().splitlines()) == 1
 
 

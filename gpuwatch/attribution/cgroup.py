@@ -21,6 +21,16 @@ The path shapes come from the code that creates the cgroups:
 
 Input is untrusted: bounded in size by the reader, matched by anchored patterns only, and a
 line that does not parse is skipped, never an error.
+
+Users can make cgroups of their own (systemd delegates `user@<uid>.service` to them, and a
+container may own its subtree), named as they like: `.../user@1000.service/kubepods-
+burstable-pod<another team's uid>.slice/cri-containerd-<id>.scope`. So each shape counts only
+at the root its creator uses: a pod cgroup only where every cgroup above it is one the kubelet
+makes for it (its systemd slices, or `kubepods[/<qos>]`), a Slurm job only at slurmd's root
+(`/slurm*/uid_/job_/step_`, `/system.slice/slurmstepd.scope/job_/step_`), a container
+runtime's scope only where the runtime puts it. None of those roots is under `user.slice`, where
+users make cgroups of their own: there a process is only its unit.
+A path that starts with `..` (seen from a cgroup namespace) is anchored at what follows.
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ from dataclasses import dataclass
 # A pod UID: an RFC 4122 UUID, or 32 hex digits for static (manifest) pods; the systemd
 # driver writes "_" where the UID has "-".
 _UID = r"[0-9a-f]{8}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{12}"
-_POD = re.compile(rf"(?:^|-)pod(?P<uid>{_UID})(?:\.slice)?$")
+_POD_SLICE = re.compile(rf"^(?P<prefix>(?:[\w]+-)*kubepods(?:-[\w]+)*)-pod(?P<uid>{_UID})\.slice$")
+_POD_DIR = re.compile(rf"^pod(?P<uid>{_UID})$")
 _QOS_IN_POD = re.compile(r"-(?P<qos>burstable|besteffort)-pod")
 _ID = r"[0-9a-f]{64}"
 # (pattern, runtime) for the cgroup right below the pod (or anywhere, outside Kubernetes)
@@ -41,7 +52,7 @@ _CONTAINER = (
     (re.compile(rf"^docker-(?P<id>{_ID})\.scope$"), "docker"),
     (re.compile(rf"^(?P<id>{_ID})$"), None),  # cgroupfs driver: containerd or Docker
 )
-_SLURM_ROOT = re.compile(r"^(?:slurm(?:_[\w.-]+)?|slurmstepd\.scope)$")
+_SLURM_V1_ROOT = re.compile(r"^slurm(?:_[\w.-]+)?$")
 _SLURM_UID = re.compile(r"^uid_(?P<uid>\d{1,10})$")
 _SLURM_JOB = re.compile(r"^job_(?P<job>\d{1,20})$")
 _SLURM_STEP = re.compile(r"^step_(?P<step>\d{1,10}|batch|extern|interactive)$")
@@ -69,32 +80,65 @@ class CgroupInfo:
 def parse_path(path: str) -> CgroupInfo:
     """One cgroup path (as in /proc/<pid>/cgroup) -> what it says about the process."""
     parts = [q for p in path.strip().split("/") if p for q in _expand(p)]
+    while parts and parts[0] == "..":  # relative to a cgroup namespace: anchored below
+        parts.pop(0)
     fields: dict = {"path": path}
-    pod_at = None
-    for i, part in enumerate(parts):
-        m = _POD.search(part)
-        if m:
-            fields["pod_uid"] = m["uid"].replace("_", "-")
-            q = _QOS_IN_POD.search(part)
-            parent = parts[i - 1] if i else ""
-            fields["qos"] = (q["qos"] if q else parent if parent in ("burstable", "besteffort")
-                             else "guaranteed")
-            pod_at = i
-    # the container: right below the pod, or (outside Kubernetes) any runtime scope
-    candidates = parts[pod_at + 1:pod_at + 2] if pod_at is not None else parts
-    for part in candidates:
-        for pattern, runtime in _CONTAINER:
-            m = pattern.match(part)
-            if m and (runtime or pod_at is not None or _under_docker(parts, part)):
-                fields["container_id"], fields["runtime"] = m["id"], runtime
-                if runtime is None and pod_at is None:
-                    fields["runtime"] = "docker"
-                break
-    _slurm(parts, fields)
     units = [p for p in parts if _UNIT.match(p)]
     if units:
         fields["systemd_unit"] = units[-1]
+    pod_at = _pod(parts, fields)
+    if pod_at is not None:
+        _container(parts[pod_at + 1:pod_at + 2], fields, runtime_default=None)
+    elif parts[:1] == ["docker"]:  # Docker's cgroupfs driver: /docker/<id>
+        _container(parts[1:2], fields, runtime_default="docker")
+    else:  # a runtime's scope outside Kubernetes: /system.slice/docker-<id>.scope
+        top = parts[1:2] if parts[:1] == ["system.slice"] else parts[:1]
+        _container(top, fields, runtime_default=None, scopes_only=True)
+    _slurm(parts, fields)
     return CgroupInfo(**fields)
+
+
+def _suffix(parts: list[str], of: list[str]) -> bool:
+    """parts is what is left of `of` once a leading part of it is cut off (by a cgroup
+    namespace, or a v1 hierarchy mounted below the root)."""
+    return len(parts) <= len(of) and parts == of[len(of) - len(parts):]
+
+
+def _pod(parts: list[str], fields: dict) -> int | None:
+    """Index of the pod's cgroup, the first one whose ancestors are all the kubelet's."""
+    for i, part in enumerate(parts):
+        if m := _POD_SLICE.match(part):
+            # systemd: a-b-c.slice lives in a.slice/a-b.slice, and nowhere else
+            words = m["prefix"].split("-")
+            if not _suffix(parts[:i], [f"{'-'.join(words[:k])}.slice"
+                                       for k in range(1, len(words) + 1)]):
+                continue
+            q = _QOS_IN_POD.search(part)
+            qos = q["qos"] if q else "guaranteed"
+        elif m := _POD_DIR.match(part):
+            above = parts[:i]
+            qos = above[-1] if above and above[-1] in ("burstable", "besteffort") else \
+                "guaranteed"
+            if not _suffix(above, ["kubepods"] + ([qos] if qos != "guaranteed" else [])):
+                continue
+        else:
+            continue
+        fields["pod_uid"], fields["qos"] = m["uid"].replace("_", "-"), qos
+        return i
+    return None
+
+
+def _container(candidates: list[str], fields: dict, runtime_default: str | None,
+               scopes_only: bool = False) -> None:
+    for part in candidates:
+        for pattern, runtime in _CONTAINER:
+            if runtime is None and scopes_only:
+                continue  # a bare 64-hex name is a container only below a pod or /docker
+            m = pattern.match(part)
+            if m:
+                fields["container_id"] = m["id"]
+                fields["runtime"] = runtime or runtime_default
+                return
 
 
 def _expand(part: str) -> list[str]:
@@ -106,22 +150,22 @@ def _expand(part: str) -> list[str]:
     return [part]
 
 
-def _under_docker(parts: list[str], part: str) -> bool:
-    """Docker's cgroupfs driver puts a container at /docker/<id>."""
-    i = parts.index(part)
-    return i > 0 and parts[i - 1] == "docker"
-
-
 def _slurm(parts: list[str], fields: dict) -> None:
-    root = next((i for i, p in enumerate(parts) if _SLURM_ROOT.match(p)), None)
-    if root is None:
-        return
-    for part in parts[root + 1:]:
-        if m := _SLURM_UID.match(part):
+    """Only at slurmd's own roots, each component in its place: v1 `/slurm[_<node>]/uid_<u>/
+    job_<j>/step_<s>`, v2 `/system.slice/slurmstepd.scope/job_<j>/step_<s>`."""
+    if parts and _SLURM_V1_ROOT.match(parts[0]):
+        rest = parts[1:]
+        if rest and (m := _SLURM_UID.match(rest[0])):
             fields["slurm_uid"] = int(m["uid"])
-        elif m := _SLURM_JOB.match(part):
-            fields["slurm_job_id"] = m["job"]
-        elif m := _SLURM_STEP.match(part):
+            rest = rest[1:]
+    elif "slurmstepd.scope" in parts[:2] and _suffix(
+            parts[:parts.index("slurmstepd.scope")], ["system.slice"]):
+        rest = parts[parts.index("slurmstepd.scope") + 1:]
+    else:
+        return
+    if rest and (m := _SLURM_JOB.match(rest[0])):
+        fields["slurm_job_id"] = m["job"]
+        if len(rest) > 1 and (m := _SLURM_STEP.match(rest[1])):
             fields["slurm_step"] = m["step"]
 
 

@@ -46,7 +46,8 @@ class AttributionConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     refresh_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     min_refresh_seconds: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=30)] = 2.0
-    # SLURM_JOB_ID from /proc/<pid>/environ when the cgroup names no job (root only).
+    # `gpuwatch attribution` shows SLURM_JOB_ID from /proc/<pid>/environ (root only) as
+    # slurm_job_id_self_reported when the cgroup names no job; never a label: anyone sets it.
     slurm_environ: bool = True
     # dcgm-exporter's HPC job-mapping directory (files named by GPU index list its jobs).
     hpc_job_mapping_dir: str = ""

@@ -33,10 +33,14 @@ class Attribution(msgspec.Struct, kw_only=True):
     qos: str | None = None
     slurm_job_id: str | None = None
     slurm_job_user: str | None = None
+    # SLURM_JOB_ID from the process's own environment: anyone can set it, so it is shown
+    # for what it is and never becomes slurm_job_id (pages are routed by it).
+    slurm_job_id_self_reported: str | None = None
     systemd_unit: str | None = None
     # Allow-listed pod labels (attribution.kubernetes_api.pod_labels), when the API is used.
     pod_labels: dict[str, str] | None = None
-    # Which sources said so, "+"-joined: cgroup, podresources, environ, job-mapping;
+    # Which sources said so, "+"-joined: cgroup, podresources, kubernetes-api, job-mapping,
+    # environ-self-reported;
     # None: nothing known.
     source: str | None = None
 
@@ -95,8 +99,9 @@ def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
         (uid_pod[key[0]], name) for name, devs in pods[uid_pod[key[0]]].items()
         if gpus <= devs))
 
-    # GPUs held by exactly one container: a process whose cgroup is unreadable (another
-    # PID namespace) on such a GPU belongs to it.
+    # GPUs held by exactly one container: a process whose cgroup cannot be read at all
+    # (another PID namespace) on such a GPU belongs to it. One whose cgroup was read and
+    # names no pod (a login session, a service) does not.
     holders = gpu_owners(containers)
 
     for pid, att in out.items():
@@ -106,7 +111,7 @@ def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
             if named is not None:
                 att.container = named[1]
             att.source = add_source(att.source, "podresources")
-        elif att.pod_uid is None and not att.slurm_job_id and pid_gpus[pid]:
+        elif pid not in cgroups and pid_gpus[pid]:
             owners = {h for g in pid_gpus[pid] for h in holders.get(g, ())}
             if len(owners) == 1:
                 att.namespace, att.pod, att.container = next(iter(owners))

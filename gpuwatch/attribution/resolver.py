@@ -20,6 +20,7 @@ from gpuwatch.attribution.podresources import (
     PodResourcesUnavailable,
     list_containers,
 )
+from gpuwatch.safetext import valid
 
 
 class Host(Protocol):
@@ -89,7 +90,7 @@ class ProcHost:
 @functools.lru_cache(maxsize=1024)
 def user_name(uid: int) -> str | None:
     try:
-        return pwd.getpwuid(uid).pw_name
+        return valid(pwd.getpwuid(uid).pw_name)  # /etc/passwd holds bytes
     except (KeyError, OverflowError):
         return None
 
@@ -128,9 +129,9 @@ def resolve(host: Host, pid_gpus: dict[int, set[str]], *, slurm_environ: bool = 
     for pid, att in out.items():
         info = cgroups.get(pid)
         if att.slurm_job_id is None and att.pod_uid is None and slurm_environ:
-            att.slurm_job_id = host.slurm_job_from_environ(pid)
-            if att.slurm_job_id:
-                att.source = add_source(att.source, "environ")
+            att.slurm_job_id_self_reported = host.slurm_job_from_environ(pid)
+            if att.slurm_job_id_self_reported:
+                att.source = add_source(att.source, "environ-self-reported")
         if att.slurm_job_id is None and att.pod_uid is None and by_index:
             jobs = {j for u in pid_gpus[pid] for j in by_index.get(gpu_index.get(u, -1), ())}
             if len(jobs) == 1:

@@ -118,6 +118,7 @@ def make_source(cfg, backend, sources: dict[str, SourceStatus]) -> AttributionSo
     # Up until a pass fails: a host with no GPU process yet has nothing to attribute, which
     # is not a failure (the status page must not raise an alarm over it).
     status = sources.setdefault("attribution", SourceStatus(up=True))
+    # The daemon labels from what users cannot forge: a SLURM_JOB_ID a process sets itself
+    # is `gpuwatch attribution`'s to show, so the daemon never reads environments.
     return AttributionSource(host, status, refresh_seconds=a.refresh_seconds,
-                             min_refresh_seconds=a.min_refresh_seconds,
-                             slurm_environ=a.slurm_environ)
+                             min_refresh_seconds=a.min_refresh_seconds, slurm_environ=False)

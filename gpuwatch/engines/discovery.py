@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from gpuwatch.safetext import valid
+
 WILDCARDS = {"0.0.0.0", "::", ""}
 
 
@@ -152,7 +154,7 @@ def scan(kinds: list[str] | tuple[str, ...] = ()) -> list[Found]:
     by_url: dict[str, Found] = {}
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
-            argv = proc.info.get("cmdline") or []
+            argv = [valid(a) for a in proc.info.get("cmdline") or ()]  # a user's bytes
         except (psutil.Error, OSError):
             continue
         match = match_cmdline(argv)

@@ -18,9 +18,14 @@ _json = msgspec.json.Encoder()
 
 
 def readiness(snap: Snapshot) -> tuple[bool, str]:
-    """Ready = every source was tried once; the body lists the degraded ones. A GPU host
-    whose NVML is down stays ready (its engines and probes still serve) unless
-    require_gpu is set, for DaemonSets that must not count a pod without its GPUs."""
+    """Ready = every source was tried once and the latest tick did not fail; the body lists
+    the degraded sources. A GPU host whose NVML is down stays ready (its engines and probes
+    still serve) unless require_gpu is set, for DaemonSets that must not count a pod
+    without its GPUs."""
+    ticks = snap.extras.get("ticks") or {}
+    if ticks.get("consecutive_failures"):
+        return False, (f"not ready: the last {ticks['consecutive_failures']} ticks failed "
+                       f"({ticks.get('last_error') or '?'})\n")
     if not snap.ready:
         return False, "not ready: waiting for the first complete sample\n"
     degraded = sorted(f"{name}: {st.reason or 'down'}" for name, st in snap.sources.items()

@@ -18,6 +18,7 @@ import time
 from gpuwatch.exporter import families
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.text import exposition
+from gpuwatch.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,8 @@ class SnapshotCollector:
     def __init__(self) -> None:
         self.snapshot = Snapshot()
         self.modules = families.modules()
+        self.errors = {m.__name__: RateLimitedLog(log, f"metric family {m.__name__}")
+                       for m in self.modules}
 
     def collect(self):
         snap = self.snapshot
@@ -35,8 +38,8 @@ class SnapshotCollector:
             try:
                 # Materialise first: a family module that raises loses only its own series.
                 metrics = list(module.collect(snap))
-            except Exception:
-                log.exception("metric family %s failed", module.__name__)
+            except Exception as exc:
+                self.errors[module.__name__].failed(exc)
                 continue
             yield from (m for m in metrics if m.samples)  # no empty HELP/TYPE blocks
 

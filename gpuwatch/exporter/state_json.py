@@ -7,8 +7,12 @@ from typing import Any
 import msgspec
 
 from gpuwatch import __version__
+from gpuwatch.events import as_dict
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.redact import config_for_display, scrub_json
+from gpuwatch.safetext import encode_json
+
+_encoder = msgspec.json.Encoder()
 
 
 def state_document(snap: Snapshot) -> dict[str, Any]:
@@ -33,14 +37,14 @@ def state_document(snap: Snapshot) -> dict[str, Any]:
             "ooms": msgspec.to_builtins(derived.recent_ooms),
             "threshold_table": derived.threshold_table,
         },
-        "active_events": msgspec.to_builtins(list(snap.active_events)),
-        "recent_events": msgspec.to_builtins(list(snap.recent_events)),
+        "active_events": [as_dict(e) for e in snap.active_events],
+        "recent_events": [as_dict(e) for e in snap.recent_events],
         "extras": msgspec.to_builtins(
             {k: v for k, v in snap.extras.items() if k != "remediation"}
         ),
         "config": config_for_display(snap.config) if snap.config is not None else None,
     }
-    return msgspec.json.decode(scrub_json(msgspec.json.encode(doc)))
+    return msgspec.json.decode(scrub_json(encode_json(_encoder, doc)))
 
 
 def _sample(snap: Snapshot) -> dict[str, Any] | None:

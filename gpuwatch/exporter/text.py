@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpuwatch.exporter.metric import Metric, float_to_go_string
+from gpuwatch.safetext import valid
 
 _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram",
           "summary": "summary", "info": "gauge", "stateset": "gauge", "unknown": "untyped",
@@ -18,6 +19,7 @@ _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram",
 
 
 def _escape(v: str) -> str:
+    v = valid(v)  # once per label set (see below): one bad value never fails the scrape
     if "\\" in v or "\n" in v or '"' in v:
         return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return v

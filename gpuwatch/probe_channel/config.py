@@ -65,6 +65,10 @@ class ProbeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     oom_history: bool = True
     # Daemon: a record older than this (or than 3 of its own intervals) is ignored.
     stale_after_seconds: PositiveFloat = 30.0
+    # Daemon (as root): the filesystem of its own each user's directory gets, so that no
+    # user can fill another's (gpuwatch.sources.probe_fs); 0 bytes: none.
+    user_max_bytes: NonNegInt = 512 * 1024**2
+    user_max_files: Annotated[int, msgspec.Meta(ge=16)] = 4096
 
 
 def is_true(value: str) -> bool:

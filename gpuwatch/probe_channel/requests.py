@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import stat
 import time
@@ -159,19 +160,49 @@ def copy_named(dir_fd: int, uid: int, name: str, dest: str, max_bytes: int) -> i
         os.close(src)
 
 
+def _extents(fd: int, max_bytes: int):
+    """(start, end) of each run of data in the file, holes skipped (SEEK_DATA/SEEK_HOLE): a
+    sparse file of the user's costs root only the bytes it holds. Where the filesystem
+    cannot tell, the whole file is one run."""
+    pos = 0
+    while True:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data past pos
+                return
+            if pos == 0 and exc.errno == errno.EINVAL:  # no SEEK_DATA here
+                yield 0, max_bytes + 1
+                return
+            raise
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, end
+        pos = end
+
+
 def _copy(src: int, dest: str, max_bytes: int) -> int:
+    """Copy the data of src into the new file dest, holes left holes; the bytes written."""
     out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                   0o600)
-    copied = 0
+    copied = length = 0
     try:
         os.fchmod(out, 0o600)  # whatever the umask
-        while chunk := os.read(src, 1 << 20):
-            copied += len(chunk)
-            if copied > max_bytes:
-                raise ValueError(f"snapshot grew past {max_bytes} bytes while copied")
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(out, view):]
+        for start, end in _extents(src, max_bytes):
+            pos = start
+            while pos < end and (chunk := os.pread(src, min(1 << 20, end - pos), pos)):
+                pos += len(chunk)
+                if pos > max_bytes:
+                    raise ValueError(f"snapshot grew past {max_bytes} bytes while copied")
+                view, at = memoryview(chunk), pos - len(chunk)
+                while view:
+                    n = os.pwrite(out, view, at)
+                    view, at = view[n:], at + n
+                copied += len(chunk)
+            length = max(length, pos)
+        length = max(length, os.fstat(src).st_size)
+        if length > max_bytes:
+            raise ValueError(f"snapshot grew past {max_bytes} bytes while copied")
+        os.ftruncate(out, length)  # a hole at the end stays one
         os.fsync(out)
     except BaseException:
         os.close(out)

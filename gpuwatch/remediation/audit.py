@@ -29,6 +29,8 @@ from typing import Any
 
 import msgspec
 
+from gpuwatch.safetext import encode_json
+
 _encoder = msgspec.json.Encoder()
 
 MAX_QUEUE = 10_000
@@ -76,7 +78,7 @@ class AuditLog:
         """Queue a record; the future is done once it is on disk. durable: fail the future at
         once when the log cannot be written (the record is then never written), instead of
         keeping it queued until the disk has room."""
-        item = _Item(_encoder.encode(record) + b"\n", durable)
+        item = _Item(encode_json(_encoder, record) + b"\n", durable)
         with self._cond:
             if self._closing:
                 raise ValueError("audit log is closed")

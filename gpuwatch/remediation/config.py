@@ -119,6 +119,10 @@ class SnapshotConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     enabled: bool = True
     dir: str = ""  # default: <state dir>/snapshots
     max_total_bytes: PositiveInt = 2 * 1024**3
+    # A user's snapshots evict only that user's older ones, so each user gets a share of
+    # the total, and one snapshot a part of that share (each at most the one above it).
+    max_user_bytes: PositiveInt = 512 * 1024**2
+    max_snapshot_bytes: PositiveInt = 256 * 1024**2
     history: bool = False  # also dump the allocation history the probe recorded
     probe_timeout_seconds: PositiveFloat = 30.0
 

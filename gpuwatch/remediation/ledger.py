@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from gpuwatch import redact
+from gpuwatch import logfmt, redact
 from gpuwatch.events import ActionEvent
 from gpuwatch.remediation.audit import AuditLog
 from gpuwatch.remediation.config import ACTIONS, RemediationConfig
@@ -60,9 +60,8 @@ class Ledger:
         ev = ActionEvent(t=self.clock(), action=action, target=target, result=result,
                          reason=reason, trigger=trigger, detail=detail)
         self.counts[(action, result)] = self.counts.get((action, result), 0) + 1
-        level = logging.WARNING if result in ("failed", "refused") else logging.INFO
-        log.log(level, "remediation: %s %s on %s%s", action, result, target,
-                f": {reason}" if reason else "")
+        # the one log line of an action (the JSON form goes to the events log)
+        log.log(logfmt.level(ev), "%s", logfmt.human_line(ev, with_time=False))
         record = {**msgspec.to_builtins(ev), "dry_run": self.dry_run}
         if job_id:
             record["id"] = job_id

@@ -97,7 +97,8 @@ class HookRunner:
             cfg = self.config.snapshot
             return await snapshot_hook.take(
                 self.snap, target, context, directory=self.snapshot_dir,
-                max_total_bytes=cfg.max_total_bytes, probe_dir=self.probe_dir,
+                max_total_bytes=cfg.max_total_bytes, max_user_bytes=cfg.max_user_bytes,
+                max_snapshot_bytes=cfg.max_snapshot_bytes, probe_dir=self.probe_dir,
                 has_probe=flushing.has_probe(target, self.probes),
                 history=cfg.history or arg == "history",
                 timeout=cfg.probe_timeout_seconds, t=self.clock(),

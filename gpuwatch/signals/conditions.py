@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuwatch.events import Event
+from gpuwatch.logfmt import iso
 
 
 class Conditions:
@@ -29,7 +30,7 @@ class Conditions:
                 t=t, signal=prev.signal, state="resolved", severity=prev.severity,
                 gpu_uuid=prev.gpu_uuid, pid=prev.pid, engine=prev.engine,
                 value=prev.value, threshold=prev.threshold,
-                message=f"{prev.signal} resolved (fired at {prev.t:.3f}: {prev.message})",
+                message=f"{prev.signal} resolved (fired at {iso(prev.t)}: {prev.message})",
             )
             return [resolved.published(ref=prev.id)]
         if prev is not None and prev.severity == ev.severity:

@@ -192,7 +192,8 @@ class OomReader:
                         create_time=proc.create_time, process_name=sample.name)
         try:
             adopted, _deleted, failed = snapshot_hook.adopt(
-                copies, target, rec.t, directory=snapshot_dir, max_total_bytes=max_total_bytes)
+                copies, target, rec.t, directory=snapshot_dir, max_total_bytes=max_total_bytes,
+                owner=f"uid{proc.uid}")  # the process may be gone: its user is known
         except OSError as exc:
             adopted, failed = {}, {"oom.json": f"{snapshot_dir}: {exc.strerror or exc}"}
         sample.record = adopted.get("oom.json", "")

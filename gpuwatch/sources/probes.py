@@ -50,10 +50,13 @@ def prepare_probe_dir(probe_dir: str) -> None:
     protocol.ensure_base(probe_dir)
 
 
-def ensure_user_dir(probe_dir: str, uid: int) -> None:
+def ensure_user_dir(probe_dir: str, uid: int,
+                    make_fs: Callable[[str, int], None] | None = None) -> None:
     """As root: make `<probe dir>/<uid>/` (0700, owned by uid) unless it is there and right.
     Something else under that name (left from when the directory was shared and sticky) is
-    renamed out of the way first. Raises OSError."""
+    renamed out of the way first. make_fs(path, uid): called on a new directory while it is
+    still root's (gpuwatch.sources.probe_fs mounts the user's own filesystem there). Raises
+    OSError."""
     base_fd = protocol.open_dir(probe_dir)
     try:
         st = os.fstat(base_fd)
@@ -79,6 +82,8 @@ def ensure_user_dir(probe_dir: str, uid: int) -> None:
                 os.close(fd)
             _set_aside(base_fd, name)
         os.mkdir(name, 0o700, dir_fd=base_fd)
+        if make_fs is not None:  # through the descriptor: the path cannot be swapped
+            make_fs(f"/proc/self/fd/{base_fd}/{name}", uid)
         fd = protocol.open_dir(name, dir_fd=base_fd)
         try:
             os.fchown(fd, uid, -1)
@@ -99,8 +104,11 @@ class ProbeReader:
     """The daemon's probe source: makes the directories of the users whose processes are on
     a GPU (as root), then reads. Blocking: run it off the event loop."""
 
-    def __init__(self, probe_dir: str) -> None:
+    def __init__(self, probe_dir: str, user_fs=None) -> None:
+        """user_fs: a gpuwatch.sources.probe_fs.UserFilesystems, to give each user's new
+        directory a filesystem of its own."""
         self.probe_dir = probe_dir
+        self.user_fs = user_fs
         self._uid_of: dict[int, int | None] = {}
         self._made: set[int] = set()
 
@@ -111,6 +119,8 @@ class ProbeReader:
         self._learn_uids(gpu_pids)
         if os.geteuid() == 0:
             self._make_dirs(problems)
+            if self.user_fs is not None and self.user_fs.status():
+                problems.insert(0, self.user_fs.status())
         by_uid: dict[int, list[int]] = {}
         for pid, uid in self._uid_of.items():
             if uid is not None:
@@ -135,7 +145,8 @@ class ProbeReader:
                 break
             try:
                 protocol.ensure_base(self.probe_dir)
-                ensure_user_dir(self.probe_dir, uid)
+                ensure_user_dir(self.probe_dir, uid,
+                                self.user_fs.make if self.user_fs is not None else None)
             except OSError as exc:
                 problems.append(f"{self.probe_dir}/{uid}: {exc.strerror or exc}")
                 continue

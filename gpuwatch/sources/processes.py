@@ -1,5 +1,8 @@
 """Join NVML's pids with what the host knows about them: name, user, start time, and (as nvitop
-shows next to GPU memory) CPU time and resident memory."""
+shows next to GPU memory) CPU time and resident memory.
+
+Names and users are bytes any user chooses (prctl, a binary's file name, /etc/passwd):
+they enter the sample as valid text (gpuwatch.safetext.valid)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Callable
 import psutil
 
 from gpuwatch.model import ProcessSample
+from gpuwatch.safetext import valid
 
 # CPU and resident memory are read again after this long: two /proc reads per process,
 # cheap for a few, not for hundreds on every 1 s tick.
@@ -40,8 +44,8 @@ class ProcessInfo:
             name = user = ""
             try:
                 with proc.oneshot():
-                    name = proc.name()
-                    user = proc.username()
+                    name = valid(proc.name())
+                    user = valid(proc.username())
             except (psutil.Error, KeyError):
                 pass  # KeyError: uid without a passwd entry
             cached = (create_time, name, user)

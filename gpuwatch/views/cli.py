@@ -72,6 +72,7 @@ def status(url, watch, plain, user, password_file, cacert, config_file) -> None:
     this host, else http://127.0.0.1:PORT)."""
     import time
 
+    from gpuwatch.safetext import printable
     from gpuwatch.views import terminal
 
     url = url or _local_url(config_file)
@@ -96,8 +97,8 @@ def status(url, watch, plain, user, password_file, cacert, config_file) -> None:
         try:
             summary = terminal.summarize(
                 terminal.fetch_state(url, auth=auth, cafile=cacert), url)
-        except terminal.StatusError as exc:
-            click.echo(f"gpuwatch: {exc}", err=True)
+        except terminal.StatusError as exc:  # it may quote the server's words
+            click.echo(f"gpuwatch: {printable(str(exc))}", err=True)
             return False
         if console is not None:
             if watch:

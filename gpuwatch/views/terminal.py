@@ -14,6 +14,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
+from gpuwatch.safetext import printable_tree
 from gpuwatch.views import fmt
 
 MAX_BODY = 64 << 20  # a state document far beyond any real host's is refused, not buffered
@@ -112,6 +113,7 @@ def _num(v) -> bool:
 
 
 def summarize(state: dict, url: str) -> Summary:
+    state = printable_tree(state)  # names, reasons, messages: nothing drives the terminal
     signals = _d(state.get("signals"))
     table = _d(signals.get("threshold_table"))
     gpus = [g for g in _l(_d(state.get("sample")).get("gpus")) if isinstance(g, dict)]

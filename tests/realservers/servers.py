@@ -22,6 +22,24 @@ MAX_REQUESTS = 500
 MAX_SECONDS = 120.0
 
 
+def required() -> bool:
+    """Every real engine must be there (.ci/run sets it): a missing one fails its tests."""
+    return os.environ.get("GPUWATCH_TESTS_REQUIRE_ENGINES") == "1"
+
+
+def built(make):
+    """make() from build, or this test skipped with the reason a user's machine cannot
+    have the server (failed instead where every real engine is required)."""
+    import pytest
+
+    try:
+        return make()
+    except build.Unavailable as exc:
+        if required():
+            pytest.fail(f"real engine required (GPUWATCH_TESTS_REQUIRE_ENGINES=1): {exc}")
+        pytest.skip(f"real engine unavailable: {exc}")
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return {**env, **OFFLINE, **extra}
@@ -57,7 +75,7 @@ class Server(Proc):
 def vllm_model(workdir: Path) -> Path:
     out = workdir / "tiny-llama-hf"
     if not out.exists():
-        py = build.vllm_python()
+        py = built(build.vllm_python)
         Proc([str(py), str(HERE / "make_tiny_hf.py"), str(out)], workdir, "make-model",
              env=_env()).proc.wait(300)
     return out
@@ -70,7 +88,7 @@ class Vllm(Server):
                  env: dict[str, str] | None = None) -> None:
         port = port or free_port()
         model = vllm_model(workdir)
-        argv = [str(build.vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+        argv = [str(built(build.vllm_python)), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(model), "--served-model-name", "tiny-llama",
                 "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                 "--max-model-len", "512", "--max-num-seqs", "4", "--enforce-eager",
@@ -92,7 +110,7 @@ class LlamaServer(Server):
             Proc([sys.executable, str(HERE / "make_tiny_gguf.py"),
                   str(model)], workdir, "make-gguf", env=os.environ.copy()).proc.wait(120)
         # -t 1: on two cores, more threads spin-wait against the load generator.
-        argv = [str(build.llama_server()), "-m", str(model), "--host", "127.0.0.1",
+        argv = [str(built(build.llama_server)), "-m", str(model), "--host", "127.0.0.1",
                 "--port", str(port), "--metrics", "--parallel", "2", "-c", "1024", "-t", "1",
                 "--no-webui"]
         self.port = port
@@ -106,7 +124,7 @@ class Triton(Server):
     health_path = "/v2/health/ready"
 
     def __init__(self, workdir: Path) -> None:
-        py = build.pytriton_python()
+        py = built(build.pytriton_python)
         http, grpc, metrics = free_port(), free_port(), free_port()
         # Its Python-backend stub links libpython by soname: point it at this interpreter's.
         libdir = sysconfig.get_config_var("LIBDIR") or ""

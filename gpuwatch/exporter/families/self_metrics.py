@@ -40,6 +40,12 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     yield duration
     yield errors
     yield last
+    ticks = snap.extras.get("ticks")
+    if ticks is not None:
+        yield CounterMetricFamily(
+            "gpuwatch_tick_failures",
+            "Ticks (sample, analysis, outputs) that failed; /readyz answers 503 while the "
+            "latest one did.", value=ticks.get("failures_total", 0))
     if snap.started:
         yield GaugeMetricFamily("gpuwatch_start_time_seconds",
                                 "Daemon start time (Unix seconds).", value=snap.started)

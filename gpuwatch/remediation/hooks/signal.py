@@ -20,6 +20,7 @@ import psutil
 from gpuwatch.remediation import identity
 from gpuwatch.remediation.config import AllowRule
 from gpuwatch.remediation.hooks import HookFailed, Refused
+from gpuwatch.safetext import valid
 
 
 def check_identity(pid: int, create_time: float | None,
@@ -53,10 +54,11 @@ def allowed_by(proc: psutil.Process, rules: Sequence[AllowRule]) -> AllowRule | 
     """The first allow-list rule that matches the process, or None."""
     try:
         with proc.oneshot():
-            name = proc.name()
-            cmdline = " ".join(proc.cmdline())
+            # Matched as the sample shows them: bytes that are not UTF-8 as \xNN.
+            name = valid(proc.name())
+            cmdline = valid(" ".join(proc.cmdline()))
             try:
-                user = proc.username()
+                user = valid(proc.username())
             except KeyError:  # uid without a passwd entry
                 user = str(proc.uids().real)
     except psutil.Error as exc:
@@ -88,7 +90,8 @@ def send(pid: int, create_time: float | None, signum: int,
         proc = check_identity(pid, create_time)
         rule = allowed_by(proc, allow)
         if rule is None:
-            raise Refused(f"pid {pid} ({proc.name()}) matches no entry of remediation.signal.allow")
+            raise Refused(f"pid {pid} ({valid(proc.name())}) matches no entry of "
+                          "remediation.signal.allow")
         detail = {
             "pid": pid, "signal": _signal.Signals(signum).name, "pidfd": pidfd is not None,
             "identity": how,
