@@ -158,7 +158,8 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
                 assert now < FIRE_WITHIN, "GpuwatchProcessMemoryLeak did not fire within 4 min"
             start_done = (any(on for _, on in start_seen) and not start_seen[-1][1]
                           and now > START_STOP + 60)
-            if (now >= fired_at + STAY_FIRING and not fixed_seen[-1] and any(fixed_seen)
+            if (fired_at is not None and now >= fired_at + STAY_FIRING and not fixed_seen[-1]
+                    and any(fixed_seen)
                     and start_done and fill_fired is not None):
                 break
             assert now < 21 * 60, "leak-fixed or leak-start did not resolve"
