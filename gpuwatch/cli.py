@@ -14,6 +14,7 @@ from gpuwatch import config as config_mod
 from gpuwatch.attribution.cli import attribution as attribution_command
 from gpuwatch.monitoring.cli import alerts as alerts_command
 from gpuwatch.monitoring.cli import dashboards as dashboards_command
+from gpuwatch.nodehealth.npd import npd as npd_command
 from gpuwatch.thresholds.cli import thresholds as thresholds_command
 from gpuwatch.views.cli import report as report_command
 from gpuwatch.views.cli import status as status_command
@@ -117,6 +118,7 @@ main.add_command(thresholds_command)
 main.add_command(attribution_command)
 main.add_command(report_command)
 main.add_command(status_command)
+main.add_command(npd_command)
 
 
 @main.command()
@@ -127,6 +129,8 @@ main.add_command(status_command)
 @click.option("--simulate", type=click.Choice(SCENARIO_NAMES),
               help="Use a simulated GPU host instead of NVML.")
 @click.option("--seed", type=int, help="Seed of the simulation.")
+@click.option("--host-name", help="This host's name in recordings and OTLP (default: the "
+              "system's); each daemon of a simulated fleet gets its own.")
 @click.option("--record", type=click.Path(dir_okay=False), callback=_check_output_file,
               help="Write every tick to this recording (.gz compresses).")
 @click.option("--dry-run", is_flag=True, default=None,
@@ -141,10 +145,11 @@ main.add_command(status_command)
 @click.option("--web-config", type=click.Path(dir_okay=False),
               help="TLS / client certificates / basic auth for every endpoint, in the "
                    "Prometheus exporter-toolkit web-config format.")
-def run(config_file, listen, simulate, seed, record, dry_run, engine_urls, events_log,
+def run(config_file, listen, simulate, seed, host_name, record, dry_run, engine_urls, events_log,
         log_level, require_gpu, web_config) -> None:
     """Run the daemon."""
-    overrides: dict = {"listen": listen, "simulate": simulate, "seed": seed, "record": record,
+    overrides: dict = {"listen": listen, "simulate": simulate, "seed": seed,
+                       "host_name": host_name, "record": record,
                        "events_log": events_log, "log_level": log_level,
                        "require_gpu": require_gpu, "web_config": web_config}
     if dry_run:

@@ -12,9 +12,12 @@ import msgspec
 
 from gpuwatch.attribution.config import AttributionConfig
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+from gpuwatch.nodehealth.config import NvSentinelConfig
+from gpuwatch.otlp.config import OtlpConfig
 from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.redact import config_for_display
 from gpuwatch.remediation.config import RemediationConfig, WebhookConfig
+from gpuwatch.signals.budget import BudgetConfig
 from gpuwatch.signals.config import SignalsConfig
 from gpuwatch.tomlfile import explain, read_toml
 
@@ -62,6 +65,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     record: str = ""
     simulate: str = ""
     seed: int = 0
+    # This host's name where gpuwatch names it (recordings, OTLP's host.name); "" the
+    # system's. A simulated fleet on one machine gives each daemon its own.
+    host_name: str = ""
     # Simulated process name -> a real pid whose identity it takes (remediation tests).
     simulate_pids: dict[str, int] = {}
     events_log: str = ""
@@ -79,6 +85,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The /proc tree to read processes from (a container may mount the host's elsewhere).
     proc_root: str = "/proc"
     attribution: AttributionConfig = msgspec.field(default_factory=AttributionConfig)
+    # Per-process series only for the processes that matter (signals/budget.py).
+    budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    # OTLP push (optional, docs/fleet.md): off while otlp.endpoint is empty.
+    otlp: OtlpConfig = msgspec.field(default_factory=OtlpConfig)
+    nvsentinel: NvSentinelConfig = msgspec.field(default_factory=NvSentinelConfig)
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)

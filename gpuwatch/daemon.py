@@ -58,7 +58,7 @@ class Daemon:
         self.guard: webconfig.Guard | None = None
         self.config_path = config_path
         self.overrides = overrides or {}
-        self.host = socket.gethostname()
+        self.host = cfg.host_name or socket.gethostname()
         self.started = time.time()
         self.sources: dict[str, SourceStatus] = {"nvml": SourceStatus()}
         self.backend = make_backend(cfg)
@@ -66,6 +66,8 @@ class Daemon:
                                   cfg.nvml.retry_max_seconds)
         self.pipeline = Pipeline.from_config(cfg)
         self.attribution = make_attribution(cfg, self.backend, self.sources)
+        self.nvsentinel = None
+        self._make_nvsentinel(cfg)
         self.recent: collections.deque[Event | ActionEvent] = collections.deque(
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
@@ -76,6 +78,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._engine_task: asyncio.Task | None = None
         self._reload_task: asyncio.Task | None = None
+        self._otlp_task: asyncio.Task | None = None
         self._reload_again = False
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
@@ -147,6 +150,8 @@ class Daemon:
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes,
                     ooms=ooms)
         events = self._process(tick)
+        if self.nvsentinel is not None:  # GPU health to NVSentinel (delivered off the loop)
+            self.nvsentinel.update(gpus, self.pipeline.derived.gpus, now)
         if self.remediator is not None:
             self._log_actions(await self.remediator.on_events(events, self.snapshot))
         return tick
@@ -312,6 +317,8 @@ class Daemon:
         if (new.signals, new.thresholds) != (old.signals, old.thresholds):
             pipeline = Pipeline.from_config(new)
         engines_changed = (new.engines, new.discovery) != (old.engines, old.discovery)
+        if new.otlp != old.otlp and otlp_missing(new):
+            raise ValueError(otlp_missing(new))
         if self.remediator is not None and (new.remediation, new.webhook) != (
                 old.remediation, old.webhook):
             self.remediator.reconfigure(new.remediation, new.webhook)
@@ -319,6 +326,8 @@ class Daemon:
         if (new.listen, new.web_config) != (old.listen, old.web_config):
             log.warning("listen address and web_config changes need a restart; still serving "
                         "on %s", old.listen)
+        # the budget keeps what it knows (who was judged, who has series) across rebuilds
+        pipeline.budget, pipeline.budget.cfg = self.pipeline.budget, new.budget
         if pipeline is not self.pipeline:
             self.pipeline = pipeline
             log.info("signals rebuilt from the new configuration (windows restart)")
@@ -329,6 +338,10 @@ class Daemon:
             if self.attribution is not None:
                 self.attribution.close()
             self.attribution = make_attribution(new, self.backend, self.sources)
+        if new.nvsentinel != old.nvsentinel:
+            self._make_nvsentinel(new)
+        if new.otlp != old.otlp:
+            self._start_otlp()
         if wc is not None:
             self._reload_web(wc)
 
@@ -421,7 +434,7 @@ class Daemon:
         except (ValueError, OSError) as exc:
             log.error("remediation: %s", exc)
             return exitcodes.USAGE
-        problem = self._open_outputs()  # a bad path fails before anything is served
+        problem = self._open_outputs() or otlp_missing(self.config)  # fail before serving
         if problem:
             log.error("%s", problem)
             await self.remediator.close()
@@ -453,6 +466,7 @@ class Daemon:
         try:
             self._start_engines()
             tasks.append(asyncio.create_task(self._tick_loop()))
+            self._start_otlp()
             slow = self.config.nvml.slow_interval_seconds
             if slow > 0:
                 st = self.sources.setdefault("nvml_slow", SourceStatus())
@@ -460,7 +474,7 @@ class Daemon:
             await self._stop.wait()
             log.info("stopping")
         finally:
-            for t in [*tasks, self._engine_task, self._reload_task]:
+            for t in [*tasks, self._engine_task, self._reload_task, self._otlp_task]:
                 if t is not None:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
@@ -471,7 +485,43 @@ class Daemon:
             self.sampler.close()
             if self.attribution is not None:
                 self.attribution.close()
+            if self.nvsentinel is not None:
+                self.nvsentinel.close()
         return 0
+
+    def _start_otlp(self) -> None:
+        """The pusher of the current [otlp], replacing any earlier one (a reload)."""
+        if self._otlp_task is not None:
+            self._otlp_task.cancel()
+            self._otlp_task = None
+        if self.config.otlp.endpoint:
+            self._otlp_task = asyncio.create_task(self._otlp())
+        else:
+            self._extras.pop("otlp", None)
+
+    async def _otlp(self) -> None:
+        # imported only here: opentelemetry-proto and protobuf stay out otherwise
+        from gpuwatch.otlp.push import OtlpPusher
+
+        cfg = self.config
+        pusher = OtlpPusher(cfg.otlp, lambda: self.snapshot, self.host,
+                            cfg.attribution.kubernetes_api.node_name)
+        for key, value in (self._extras.get("otlp") or {}).items():  # counters only grow
+            if key != "queued":
+                pusher.counters[key] = value
+        self._extras["otlp"] = pusher.counters
+        await pusher.run()
+
+    def _make_nvsentinel(self, cfg: Config) -> None:
+        """The NVSentinel publisher, new on each (re)configuration: its first pass sends the
+        healthy baseline again."""
+        if self.nvsentinel is not None:
+            self.nvsentinel.close()
+            self.nvsentinel = None
+        if cfg.nvsentinel.enabled:
+            from gpuwatch.nodehealth.nvsentinel import make_publisher
+
+            self.nvsentinel = make_publisher(cfg, self.sources, self.host)
 
     def _make_remediator(self):
         from gpuwatch.remediation.remediator import Remediator
@@ -479,3 +529,15 @@ class Daemon:
         cfg = self.config
         return Remediator(cfg.remediation, cfg.webhook, probe_dir=self.probe_dir,
                           table=self.pipeline.table)
+
+
+def otlp_missing(cfg: Config) -> str:
+    """Why an [otlp] endpoint cannot be served here (the extra is not installed), or ""."""
+    if not cfg.otlp.endpoint:
+        return ""
+    try:
+        import gpuwatch.otlp.push  # noqa: F401
+    except ImportError as exc:
+        return (f"otlp.endpoint is set but the OTLP extra is missing ({exc.name}): "
+                "pip install 'gpuwatch-agent[otlp]'")
+    return ""

@@ -27,8 +27,9 @@ class ProcessSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     namespace: str = ""
     container: str = ""
     slurm_job_id: str = ""
-    # allow-listed pod labels (attribution.kubernetes_api.pod_labels), key -> value
+    # allow-listed pod labels and annotations ([attribution.kubelet], [..kubernetes_api])
     pod_labels: dict[str, str] = {}
+    pod_annotations: dict[str, str] = {}
     # The host's view of it (psutil, refreshed every few seconds): CPU time (user + system),
     # its share of one core since the previous reading, and resident memory.
     cpu_seconds_total: float | None = None
@@ -84,6 +85,8 @@ class GpuSample(msgspec.Struct, omit_defaults=True, kw_only=True):
     # XID counts since the daemon started, by XID code (as a string key for JSON).
     xid_events_total: dict[str, int] = {}
     last_xid: int | None = None
+    # when each XID code was last seen (wall time of the sample that drained it)
+    xid_last_seen: dict[str, float] = {}
     # slow tier
     energy_joules_total: float | None = None
     pcie_tx_bytes_per_second: float | None = None

@@ -37,6 +37,8 @@ SECRET_FIELDS: tuple[tuple[str, str], ...] = (
     ("remediation.exec.env.*", "value"),
     ("remediation.exec.argv[secret_args]", "value"),
     ("webhook.token", "value"),
+    ("otlp.endpoint", "url"),
+    ("otlp.headers.*", "value"),
 )
 
 _SEGMENT = re.compile(r"([^.\[]+)(?:\[([a-z_]*)\])?")

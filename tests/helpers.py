@@ -152,20 +152,28 @@ class Daemon(Proc):
 
 
 class Prometheus(Proc):
-    def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s",
+    def __init__(self, workdir: Path, targets: list[str] | None, scrape_interval: str = "1s",
                  rule_files=(), alertmanager_url: str | None = None, job: str = "gpuwatch",
-                 scrape: dict | None = None):
-        """scrape: more settings of the job (scheme, tls_config, basic_auth...)."""
-        binary = require_binary("prometheus")
+                 scrape: dict | None = None, config: dict | None = None,
+                 binary: str | None = None, flags: tuple[str, ...] = (),
+                 evaluation_interval: str = "1s"):
+        """scrape: more settings of the job (scheme, tls_config, basic_auth...); config:
+        more top-level settings (remote_write...); global settings merge; targets None: no
+        scrape job at all."""
+        binary = binary or require_binary("prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         d = workdir / f"prometheus-{self.port}"
         d.mkdir()
+        extra = dict(config or {})
         config = {
-            "global": {"scrape_interval": scrape_interval, "evaluation_interval": "1s",
-                       "scrape_timeout": "1s" if scrape_interval == "1s" else "5s"},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}],
-                                **(scrape or {})}],
+            "global": {"scrape_interval": scrape_interval,
+                       "evaluation_interval": evaluation_interval,
+                       "scrape_timeout": "1s" if scrape_interval == "1s" else "5s",
+                       **extra.pop("global", {})},
+            "scrape_configs": [] if targets is None else [
+                {"job_name": job, "static_configs": [{"targets": targets}], **(scrape or {})}],
+            **extra,
         }
         if rule_files:
             config["rule_files"] = [str(Path(f).resolve()) for f in rule_files]
@@ -175,7 +183,7 @@ class Prometheus(Proc):
         (d / "prometheus.yml").write_text(yaml.safe_dump(config))
         argv = [binary, f"--config.file={d / 'prometheus.yml'}",
                 f"--storage.tsdb.path={d / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+                f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn", *flags]
         super().__init__(argv, d, "prometheus")
         wait_until(lambda: http_get(self.url + "/-/ready", 1.0)[0] == 200, 30,
                    what="prometheus ready")

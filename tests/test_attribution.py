@@ -184,7 +184,8 @@ def test_cli_resolves_the_real_world_samples(tmp_path):
     for doc, (source, _, expected) in zip(lines, SAMPLES, strict=True):
         assert set(doc) == {"pid", "namespace", "pod", "pod_uid", "container", "container_id",
                             "qos", "slurm_job_id", "slurm_job_user", "systemd_unit",
-                            "pod_labels", "source", "slurm_job_id_self_reported"}
+                            "pod_labels", "pod_annotations", "source",
+                            "slurm_job_id_self_reported"}
         for field in ("pod_uid", "container_id", "qos", "slurm_job_id", "systemd_unit"):
             if field in expected:
                 assert doc[field] == expected[field], f"{source}: {field}"

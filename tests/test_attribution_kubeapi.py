@@ -9,13 +9,13 @@ import asyncio
 import http.server
 import json
 import shutil
-import ssl
 import subprocess
 import threading
 import urllib.parse
 
 import pytest
 
+from benchmarks.pod_metadata_requests import serve_https
 from gpuwatch.attribution.config import KubernetesApiConfig
 from gpuwatch.attribution.kubeapi import KubeApiUnavailable, list_node_pods
 from gpuwatch.attribution.resolver import ProcHost, resolve
@@ -38,8 +38,9 @@ TOKEN = "eyJhbGciOiJSUzI1NiJ9.test-token-value"
 NODE = "gpu-node-07"
 
 
-def pod(ns, name, uid, containers, labels):
-    return {"metadata": {"namespace": ns, "name": name, "uid": uid, "labels": labels},
+def pod(ns, name, uid, containers, labels, annotations=None):
+    return {"metadata": {"namespace": ns, "name": name, "uid": uid, "labels": labels,
+                         "annotations": annotations or {}},
             "spec": {"nodeName": NODE},
             "status": {"containerStatuses": [{"name": n, "containerID": f"containerd://{cid}"}
                                              for n, cid in containers]}}
@@ -47,7 +48,9 @@ def pod(ns, name, uid, containers, labels):
 
 PODS = {"kind": "PodList", "apiVersion": "v1", "items": [
     pod("serving", "llama-70b-7c9f", UID_A, [("vllm", C1)],
-        {"app.kubernetes.io/name": "llama", "team": "infer", "secret-ish": "x"}),
+        {"app.kubernetes.io/name": "llama", "team": "infer", "secret-ish": "x"},
+        {"example.com/model": "llama-3-70b", "example.com/notes": "n" * 300,
+         "kubectl.kubernetes.io/last-applied-configuration": "{...}"}),
     pod("research", "embedder-5d8f9", UID_B, [("embed", C4)],
         {"app.kubernetes.io/name": "embedder"}),
 ]}
@@ -86,12 +89,7 @@ class ApiServer:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(self.cert, self.key)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve_https(Handler, self.cert, self.key)
 
     def close(self):
         self.server.shutdown()
@@ -113,11 +111,14 @@ def _cfg(api, tmp_path, **kw) -> KubernetesApiConfig:
 
 def test_pods_of_this_node_over_tls_with_the_token(api, tmp_path):
     pods = list_node_pods(api.url, NODE, token_file=str(tmp_path / "token"),
-                          ca_file=str(api.cert), allow_labels=("app.kubernetes.io/name",))
+                          ca_file=str(api.cert), allow_labels=("app.kubernetes.io/name",),
+                          allow_annotations=("example.com/model",))
     assert [(p.namespace, p.name, p.uid) for p in pods] == [
         ("serving", "llama-70b-7c9f", UID_A), ("research", "embedder-5d8f9", UID_B)]
     assert pods[0].containers == {C1: "vllm"}
     assert pods[0].labels == {"app.kubernetes.io/name": "llama"}  # the allow-list only
+    assert pods[0].annotations == {"example.com/model": "llama-3-70b"}
+    assert pods[1].annotations == {}
     (req,) = api.requests
     assert req["path"] == "/api/v1/pods"
     assert req["query"] == {"fieldSelector": [f"spec.nodeName={NODE}"]}

@@ -59,3 +59,45 @@ def test_the_check_sees_every_import_form(tmp_path):
     assert sorted({b.split()[0] for b in bad}) == [
         "gpuwatch/signals/a.py", "gpuwatch/signals/b.py", "gpuwatch/signals/c.py",
         "gpuwatch/signals/d.py"]
+
+
+def cycles(folder: str, root: Path = PACKAGE) -> list[list[str]]:
+    """Groups of modules under folder that import each other (a package's __init__ counts
+    only where it is imported for itself, not as the way to one of its submodules)."""
+    paths = {".".join(p.relative_to(root.parent).with_suffix("").parts): p
+             for p in (root / folder).rglob("*.py") if p.name != "__init__.py"}
+    graph = {m: {i for i in imported(p, root) if i in paths and i != m}
+             for m, p in paths.items()}
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        seen = _reach(graph, start)
+        if start in seen:
+            group = sorted(m for m in seen if start in _reach(graph, m) | {m})
+            if group not in found:
+                found.append(group)
+    return found
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), list(graph[start])
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    return seen
+
+
+@pytest.mark.parametrize("folder", ["monitoring", "exporter", "signals"])
+def test_packages_import_no_cycle(folder):
+    assert cycles(folder) == []
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path):
+    pkg = tmp_path / "gpuwatch" / "sim"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from gpuwatch.sim.a import x\n")
+    (pkg / "a.py").write_text("x = 1\ndef f():\n    from gpuwatch.sim import b\n")
+    (pkg / "b.py").write_text("import gpuwatch.sim.a\n")
+    (pkg / "c.py").write_text("from gpuwatch.sim import a\n")
+    assert cycles("sim", tmp_path / "gpuwatch") == [["gpuwatch.sim.a", "gpuwatch.sim.b"]]

@@ -142,7 +142,7 @@ def test_panels_do_not_overlap(name):
 
 def test_template_variables():
     expected = {
-        "gpuwatch-fleet.json": ["datasource", "job", "instance"],
+        "gpuwatch-fleet.json": ["datasource", "job", "instance", "cluster"],
         "gpuwatch-gpu.json": ["datasource", "job", "instance", "gpu"],
         "gpuwatch-engines.json": ["datasource", "job", "instance", "engine", "model"],
         "gpuwatch-remediation.json": ["datasource", "job", "instance"],
@@ -173,6 +173,9 @@ def test_every_selector_follows_the_variables(name):
             selectors = SELECTOR.findall(t["expr"])
             assert selectors, t["expr"]
             for metric, matchers in selectors:
+                if metric.startswith("cluster:"):  # a fleet rule's: no job, no instance left
+                    assert 'cluster=~"$cluster"' in matchers, (p["title"], metric)
+                    continue
                 assert 'job=~"$job"' in matchers and 'instance=~"$instance"' in matchers, (
                     p["title"], metric)
                 if "gpu" in names and metric.startswith("gpuwatch_"):

@@ -41,7 +41,8 @@ def _rule_files(tmp_path, pending: str | None = None, p: rules.RuleParams | None
     p = p or rules.RuleParams()
     paths = []
     for name, doc in ((rules.RULES_FILE, rules.rules_document(p)),
-                      (rules.ALERTS_FILE, rules.alerts_document(p))):
+                      (rules.ALERTS_FILE, rules.alerts_document(p)),
+                      (rules.FLEET_RULES_FILE, rules.fleet_rules_document(p))):
         if pending is not None:
             for group in doc["groups"]:
                 for rule in group["rules"]:

@@ -37,8 +37,9 @@ class Attribution(msgspec.Struct, kw_only=True):
     # for what it is and never becomes slurm_job_id (pages are routed by it).
     slurm_job_id_self_reported: str | None = None
     systemd_unit: str | None = None
-    # Allow-listed pod labels (attribution.kubernetes_api.pod_labels), when the API is used.
+    # Allow-listed pod labels and annotations, from the kubelet or API source.
     pod_labels: dict[str, str] | None = None
+    pod_annotations: dict[str, str] | None = None
     # Which sources said so, "+"-joined: cgroup, podresources, kubernetes-api, job-mapping,
     # environ-self-reported;
     # None: nothing known.
@@ -69,12 +70,14 @@ def _match(wanted: dict, candidates_of, taken_before: frozenset = frozenset()) -
 
 def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
          containers: Iterable[ContainerDevices] | None,
-         api_pods: Iterable[PodMeta] | None = None) -> dict[int, Attribution]:
+         api_pods: Iterable[PodMeta] | None = None,
+         pods_source: str = "kubernetes-api") -> dict[int, Attribution]:
     """pid_gpus: the GPU UUIDs each pid uses (empty when unknown); cgroups: what each pid's
     cgroup says; containers: pod-resources' answer (None when it is unavailable); api_pods:
-    the API server's pods of this node (optional: they name UIDs exactly)."""
+    this node's pods from the kubelet or the API server (optional: they name UIDs exactly;
+    pods_source says which)."""
     out = {pid: _from_cgroup(pid, cgroups.get(pid)) for pid in pid_gpus}
-    named = _name_from_api(out, api_pods or ())
+    named = _name_from_api(out, api_pods or (), pods_source)
     if containers is None:
         return out
     containers = list(containers)
@@ -119,7 +122,8 @@ def join(pid_gpus: dict[int, set[str]], cgroups: dict[int, CgroupInfo],
     return out
 
 
-def _name_from_api(out: dict[int, Attribution], pods: Iterable[PodMeta]) -> set[PodKey]:
+def _name_from_api(out: dict[int, Attribution], pods: Iterable[PodMeta],
+                   source: str) -> set[PodKey]:
     by_uid = {p.uid: p for p in pods}
     named: set[PodKey] = set()
     for att in out.values():
@@ -129,7 +133,8 @@ def _name_from_api(out: dict[int, Attribution], pods: Iterable[PodMeta]) -> set[
         att.namespace, att.pod = meta.namespace, meta.name
         att.container = meta.containers.get(att.container_id or "")
         att.pod_labels = dict(meta.labels) or None
-        att.source = add_source(att.source, "kubernetes-api")
+        att.pod_annotations = dict(meta.annotations) or None
+        att.source = add_source(att.source, source)
         named.add((meta.namespace, meta.name))
     return named
 

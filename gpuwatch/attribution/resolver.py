@@ -39,31 +39,39 @@ class Host(Protocol):
         """GPU index -> batch jobs on it (an HPC job-mapping directory), {} when none."""
 
     def pods(self) -> list[PodMeta] | None:
-        """The API server's pods of this node; None when not configured; raises
-        KubeApiUnavailable."""
+        """This node's pods (from its kubelet, or the API server); None when not configured;
+        raises KubeApiUnavailable."""
 
 
 class ProcHost:
     def __init__(self, proc_root: str = "/proc", podresources_socket: str = DEFAULT_SOCKET,
-                 timeout: float = 2.0, job_mapping_dir: str = "", kube_api=None) -> None:
+                 timeout: float = 2.0, job_mapping_dir: str = "", kube_api=None,
+                 kubelet=None) -> None:
         self.proc_root = proc_root
         self.socket = podresources_socket
         self.timeout = timeout
         self.job_mapping_dir = job_mapping_dir
         self.kube_api = kube_api  # a KubernetesApiConfig, or None
+        self.kubelet = kubelet  # a KubeletConfig, or None; it wins over kube_api
 
     @classmethod
     def from_config(cls, cfg) -> ProcHost:
         a = cfg.attribution
         return cls(cfg.proc_root, a.podresources_socket, a.timeout_seconds,
-                   a.hpc_job_mapping_dir, a.kubernetes_api if a.kubernetes_api.enabled else None)
+                   a.hpc_job_mapping_dir, a.kubernetes_api if a.kubernetes_api.enabled else None,
+                   a.kubelet if a.kubelet.enabled else None)
 
     def pods(self) -> list[PodMeta] | None:
+        if self.kubelet is not None:
+            from gpuwatch.attribution.kubelet import list_pods
+
+            return list_pods(self.kubelet, timeout=max(self.timeout, 5.0))
         k = self.kube_api
         if k is None:
             return None
         return list_node_pods(k.url or default_url(), k.node_name, token_file=k.token_file,
                               ca_file=k.ca_file, allow_labels=tuple(k.pod_labels),
+                              allow_annotations=tuple(k.pod_annotations),
                               timeout=max(self.timeout, 5.0))
 
     def gpu_jobs(self) -> dict[int, list[str]]:
@@ -123,8 +131,9 @@ def resolve(host: Host, pid_gpus: dict[int, set[str]], *, slurm_environ: bool = 
         try:
             api_pods = host.pods()
         except KubeApiUnavailable as exc:
-            problems["kubernetes_api"] = str(exc)
-    out = join(pid_gpus, cgroups, containers, api_pods)
+            problems["kubelet" if getattr(host, "kubelet", None) else "kubernetes_api"] = str(exc)
+    out = join(pid_gpus, cgroups, containers, api_pods,
+               "kubelet" if getattr(host, "kubelet", None) else "kubernetes-api")
     by_index = host.gpu_jobs() if gpu_index else {}
     for pid, att in out.items():
         info = cgroups.get(pid)

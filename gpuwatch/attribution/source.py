@@ -99,6 +99,7 @@ def apply(gpus: list[GpuSample], cache: dict[Key, Attribution]) -> None:
             p.namespace, p.pod = att.namespace or "", att.pod or ""
             p.container, p.slurm_job_id = att.container or "", att.slurm_job_id or ""
             p.pod_labels = att.pod_labels or {}
+            p.pod_annotations = att.pod_annotations or {}
 
 
 def make_source(cfg, backend, sources: dict[str, SourceStatus]) -> AttributionSource | None:

@@ -16,6 +16,8 @@ import statistics
 import time
 
 from gpuwatch.exporter import families
+from gpuwatch.exporter.fold import Folder
+from gpuwatch.exporter.metric import GaugeMetricFamily
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.text import exposition
 from gpuwatch.ratelog import RateLimitedLog
@@ -29,19 +31,31 @@ class SnapshotCollector:
     def __init__(self) -> None:
         self.snapshot = Snapshot()
         self.modules = families.modules()
+        self.folder = Folder()
         self.errors = {m.__name__: RateLimitedLog(log, f"metric family {m.__name__}")
                        for m in self.modules}
 
     def collect(self):
         snap = self.snapshot
+        count = 0
         for module in self.modules:
             try:
                 # Materialise first: a family module that raises loses only its own series.
-                metrics = list(module.collect(snap))
+                metrics = list(self.folder.fold(snap, module.collect(snap)))
             except Exception as exc:
                 self.errors[module.__name__].failed(exc)
                 continue
-            yield from (m for m in metrics if m.samples)  # no empty HELP/TYPE blocks
+            for m in metrics:
+                if m.samples:  # no empty HELP/TYPE blocks
+                    count += len(m.samples)
+                    yield m
+        folded = Folder.folded_metric(snap)
+        if folded is not None:
+            count += len(folded.samples)
+            yield folded
+        yield GaugeMetricFamily("gpuwatch_exposition_series",
+                                "Series in this exposition, this one included (the series "
+                                "budget per host).", value=count + 1)
 
 
 # Scrapes remembered to estimate the period; a scraper silent for this many periods (and at

@@ -36,6 +36,11 @@ def state_document(snap: Snapshot) -> dict[str, Any]:
             "engine_memory": msgspec.to_builtins(derived.engine_memory),
             "ooms": msgspec.to_builtins(derived.recent_ooms),
             "threshold_table": derived.threshold_table,
+            # which processes have series of their own, and why (the series budget)
+            "budget": None if derived.budget.exported is None else {
+                "folded": derived.budget.folded,
+                "exported": [{"uuid": uuid, "pid": pid, "reason": why}
+                             for (uuid, pid), why in sorted(derived.budget.reasons.items())]},
         },
         "active_events": [as_dict(e) for e in snap.active_events],
         "recent_events": [as_dict(e) for e in snap.recent_events],

@@ -3,7 +3,7 @@ XIDs routed by the action they call for. Each says what to do, not only what hap
 
 from __future__ import annotations
 
-from gpuwatch.monitoring.rules import Alert, RuleParams, _new_or_increased
+from gpuwatch.monitoring.rule_base import Alert, RuleParams, _new_or_increased
 from gpuwatch.xid import RECOVERY_ACTIONS
 
 # the operator-facing XID classes that mean the GPU itself needs attention

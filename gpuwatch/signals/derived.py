@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuwatch.signals.budget import Selection
+
 
 @dataclass
 class GpuSignals:
@@ -165,6 +167,8 @@ class Derived:
     gpu_ooms: dict[str, int] = field(default_factory=dict)
     recent_ooms: list = field(default_factory=list)
     engine_memory: list[EngineMemory] = field(default_factory=list)
+    # which processes have series of their own (signals/budget.py)
+    budget: Selection = field(default_factory=Selection)
 
     # get first: these run for every process on every tick, and most already exist
     def gpu(self, uuid: str) -> GpuSignals:

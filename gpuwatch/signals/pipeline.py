@@ -9,6 +9,7 @@ import msgspec
 
 from gpuwatch.events import Event
 from gpuwatch.model import ATTRIBUTION_FIELDS, ProcessSample, Tick
+from gpuwatch.signals.budget import Budget, BudgetConfig, Selection
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.engine import EngineAnalyzer
@@ -47,6 +48,7 @@ class Pipeline:
         self.derived = Derived()
         self.conditions = Conditions()
         self.analyzers = build_analyzers(config, table)
+        self.budget = Budget(getattr(config, "budget", None) or BudgetConfig())
         self.errors = 0
         # The last tick with GPUs: names the owner of a process in the event that resolves
         # its condition after it exited.
@@ -70,7 +72,14 @@ class Pipeline:
                 # One analyzer's bug costs its own conclusions for this tick, nothing else.
                 self.errors += 1
                 log.exception("analyzer %s failed at t=%s", type(analyzer).__name__, tick.t)
-        return self._attribute(tick, events)
+        events = self._attribute(tick, events)
+        try:
+            self.derived.budget = self.budget.update(tick, self.derived, events, self.active)
+        except Exception:  # the selection is an output's: without it, every process exports
+            self.errors += 1
+            self.derived.budget = Selection()
+            log.exception("series budget failed at t=%s", tick.t)
+        return events
 
     def _attribute(self, tick: Tick, events: list[Event]) -> list[Event]:
         """Name the pod/container/Slurm job of a process event, from the sample (so replay

@@ -50,6 +50,7 @@ class _Device:
         # field -> versioned wrapper used instead of an unversioned one the driver lacks
         self.fallbacks: dict[str, Callable] = {}
         self.xid_total: dict[str, int] = {}
+        self.xid_last_seen: dict[str, float] = {}
         self.last_xid: int | None = None
         collectors = make_collectors()
         self.collectors = [c for c in collectors if c.tier == "slow"]
@@ -173,7 +174,7 @@ class NvmlBackend:
             except pynvml.NVMLError as exc:
                 log.info("GPU %d: XID events unavailable: %s", dev.index, exc)
 
-    def _drain_xid(self) -> None:
+    def _drain_xid(self, now: float) -> None:
         """Poll (timeout 0) until no event is pending: never blocks the tick."""
         if self._event_set is None:
             return
@@ -196,6 +197,7 @@ class NvmlBackend:
             if dev is not None:
                 xid = int(data.eventData)
                 dev.xid_total[str(xid)] = dev.xid_total.get(str(xid), 0) + 1
+                dev.xid_last_seen[str(xid)] = now
                 dev.last_xid = xid
                 what = describe(xid)
                 log.warning("GPU %d: XID %d: %s; action: %s", dev.index, xid, what.description,
@@ -207,7 +209,7 @@ class NvmlBackend:
 
     def sample(self, now: float) -> list[GpuSample]:
         with self._lock:
-            self._drain_xid()
+            self._drain_xid(now)
             out = []
             for dev in self.devices:
                 out.append(self._sample_device(dev))
@@ -228,6 +230,7 @@ class NvmlBackend:
             s.lost = True
             log.error("GPU %d (%s) is lost; isolating it", dev.index, dev.uuid)
         s.xid_events_total = dict(dev.xid_total)
+        s.xid_last_seen = dict(dev.xid_last_seen)
         s.last_xid = dev.last_xid
         return s
 

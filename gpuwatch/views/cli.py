@@ -53,20 +53,30 @@ def report(recording, output, config_file, thresholds_file, no_actions, audit_fi
                f"{time.monotonic() - started:.1f} s", err=True)
 
 
+def client_options(command):
+    """How a command reaches a running daemon behind its web configuration (`status`,
+    `npd`): basic auth, the CA of its certificate, and its configuration for the URL."""
+    for option in reversed((
+        click.option("--user", help="Basic-auth user of the daemon's web configuration."),
+        click.option("--password-file", type=click.Path(dir_okay=False),
+                     help="File holding that user's password (else asked for on a "
+                          "terminal)."),
+        click.option("--cacert", type=click.Path(dir_okay=False),
+                     help="CA certificate that signed the daemon's TLS certificate."),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                     envvar="GPUWATCH_CONFIG",
+                     help="The daemon's TOML configuration: URL from its listen address and "
+                          "TLS (also GPUWATCH_CONFIG)."))):
+        command = option(command)
+    return command
+
+
 @click.command()
 @click.argument("url", required=False)
 @click.option("--watch", type=click.FloatRange(min=0.5), metavar="N",
               help="Refresh every N seconds until interrupted.")
 @click.option("--plain", is_flag=True, help="Plain text even on a terminal.")
-@click.option("--user", help="Basic-auth user of the daemon's web configuration.")
-@click.option("--password-file", type=click.Path(dir_okay=False),
-              help="File holding that user's password (else asked for on a terminal).")
-@click.option("--cacert", type=click.Path(dir_okay=False),
-              help="CA certificate that signed the daemon's TLS certificate.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False),
-              envvar="GPUWATCH_CONFIG",
-              help="The daemon's TOML configuration: URL from its listen address and TLS "
-                   "(also GPUWATCH_CONFIG).")
+@client_options
 def status(url, watch, plain, user, password_file, cacert, config_file) -> None:
     """One-screen summary of a running daemon (default: the configured listen address on
     this host, else http://127.0.0.1:PORT)."""

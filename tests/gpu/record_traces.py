@@ -141,6 +141,20 @@ SETS: dict[str, list[tuple[float, dict]]] = {
              "restart": True}),
         (25, {"name": "step", "load_gib": 2, "churn": "returned", "step": [256, 60, 60]}),
     ],
+    # Other rates and onsets than `rates`, for a detector judged on traces it was not built
+    # on: a leak with its process, one that stops, one late in a quiet process, a stepwise
+    # leak, under the allocator's sawtooth; a slow smooth load and a ratchet that are not.
+    "onsets": [
+        (3, {"name": "pool", "pool_gib": 16, "churn": "cached"}),
+        (4, {"name": "leak10", "churn": "cached", "leak": [[10, 0, 1e9]]}),
+        (6, {"name": "leak80", "load_gib": 3, "churn": "returned", "leak": [[80, 45, 165]]}),
+        (8, {"name": "leak30", "load_gib": 2, "churn": "small", "leak": [[30, 150, 1e9]]}),
+        (10, {"name": "slowload", "load_rate": 50, "load_seconds": 200, "churn": "small"}),
+        (12, {"name": "ratchet", "ratchet": 2048}),
+        (14, {"name": "restart", "load_gib": 2, "churn": "returned", "lifetime": 80,
+              "restart": True}),
+        (16, {"name": "step", "load_gib": 1, "churn": "cached", "step": [512, 45, 30]}),
+    ],
     # The first take of `rates`: a ratchet that grew about linearly to 50 GiB with a 30 GiB pool
     # beside it, so the GPU filled up and processes died of real OOMs from about 230 s.
     "fill": [

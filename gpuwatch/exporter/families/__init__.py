@@ -19,6 +19,7 @@ MODULES = (
     "gpuwatch.exporter.families.allocator",
     "gpuwatch.exporter.families.attribution",
     "gpuwatch.exporter.families.oom",
+    "gpuwatch.exporter.families.otlp",
 )
 
 

@@ -22,20 +22,39 @@ def process_labels(gpu, proc) -> list[str]:
 
 
 def pod_label_keys(snap: Snapshot) -> list[str]:
-    """The allow-listed pod labels gpuwatch_process_info carries (configuration-defined)."""
-    api = getattr(getattr(snap.config, "attribution", None), "kubernetes_api", None)
-    return list(api.pod_labels) if api is not None and api.enabled else []
+    """The allow-listed pod labels gpuwatch_process_info carries: the configured keys, then
+    those the kubelet source's patterns matched on this tick's processes (at most 16)."""
+    att = getattr(snap.config, "attribution", None)
+    keys: list[str] = []
+    for src in (getattr(att, "kubelet", None), getattr(att, "kubernetes_api", None)):
+        if src is not None and src.enabled:
+            keys += src.pod_labels
+            if getattr(src, "pod_label_allowlist_regex", None) and snap.tick is not None:
+                keys += sorted({k for g in snap.tick.gpus for p in g.processes
+                                for k in p.pod_labels})
+    return list(dict.fromkeys(keys))[:16]
 
 
-def label_name(key: str) -> str:
-    """A pod label key as a Prometheus label name, as kube-state-metrics writes it."""
-    return "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+def pod_annotation_keys(snap: Snapshot) -> list[str]:
+    att = getattr(snap.config, "attribution", None)
+    keys = [k for src in (getattr(att, "kubelet", None), getattr(att, "kubernetes_api", None))
+            if src is not None and src.enabled for k in src.pod_annotations]
+    return list(dict.fromkeys(keys))[:16]
+
+
+def label_name(key: str, prefix: str = "label_") -> str:
+    """A pod label (or annotation) key as a Prometheus label name, as kube-state-metrics
+    writes it: label_app_kubernetes_io_name, annotation_..."""
+    return prefix + re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
 def collect(snap: Snapshot) -> Iterator[Metric]:
     if snap.tick is None:
         return
     keys = pod_label_keys(snap)
+    annotation_keys = pod_annotation_keys(snap)
+    meta_names = dict.fromkeys([*map(label_name, keys),
+                                *(label_name(k, "annotation_") for k in annotation_keys)])
     used = GaugeMetricFamily(
         "gpuwatch_process_gpu_memory_used_bytes",
         "GPU memory used by the process as NVML reports it (absent when the driver cannot tell).",
@@ -43,7 +62,7 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     )
     info = GaugeMetricFamily(
         "gpuwatch_process_info", "Process identity on a GPU (value 1).",
-        labels=[*PROCESS_LABELS, "user", "type", *dict.fromkeys(map(label_name, keys))],
+        labels=[*PROCESS_LABELS, "user", "type", *meta_names],
     )
     start = GaugeMetricFamily(
         "gpuwatch_process_start_time_seconds", "Process start time (Unix seconds).",
@@ -66,8 +85,10 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
                 cpu.add_metric(lv, p.cpu_seconds_total)
             if p.resident_memory_bytes is not None:
                 rss.add_metric(lv, p.resident_memory_bytes)
-            pod_labels = {label_name(k): p.pod_labels.get(k, "") for k in keys}
-            info.add_metric([*lv, p.user, p.type, *pod_labels.values()], 1)
+            meta = {label_name(k): p.pod_labels.get(k, "") for k in keys}
+            meta.update({label_name(k, "annotation_"): p.pod_annotations.get(k, "")
+                         for k in annotation_keys})
+            info.add_metric([*lv, p.user, p.type, *meta.values()], 1)
             if p.used_memory_bytes is not None:
                 used.add_metric(lv, p.used_memory_bytes)
             if p.create_time is not None:

@@ -12,6 +12,7 @@ from gpuwatch.monitoring.dashboards.panels import (
     dashboard,
     fixed,
     job_vars,
+    query_var,
     stat,
     steps,
     table,
@@ -78,6 +79,8 @@ def fleet_overview(p: RuleParams | None = None) -> g.Dashboard:
                    "Queue depth summed over the engines serving each model.",
                    [(f"sum by (model) (gpuwatch_engine_requests_waiting{{{h}}})",
                      "{{model}}")], "short"),
+        grid.row("Clusters"),
+        *cluster_panels(grid, p),
         grid.row("Agents"),
         table(grid, "gpuwatch versions and threshold tables",
               "Exporter build and the threshold table version it judges GPUs against.",
@@ -91,4 +94,37 @@ def fleet_overview(p: RuleParams | None = None) -> g.Dashboard:
     ]
     return dashboard("gpuwatch / Fleet overview", "gpuwatch-fleet",
                      "Every GPU host gpuwatch watches: zones, leaks, time to OOM, engines.",
-                     job_vars(), panels)
+                     [*job_vars(), cluster_var(p)], panels)
+
+
+def cluster_var(p: RuleParams):
+    """The clusters the central Prometheus's fleet rules know (empty on an edge one)."""
+    c = p.cluster_label
+    return query_var(c, "Cluster", f"label_values({c}:gpuwatch_hosts:count, {c})")
+
+
+def cluster_panels(grid: Grid, p: RuleParams) -> list:
+    """From the fleet recording rules (alerts/gpuwatch.fleet.rules.yml): one series per
+    cluster, whatever the number of hosts behind it."""
+    c = p.cluster_label
+    legend = f"{{{{{c}}}}}"
+    sel = f'{{{c}=~"${c}"}}'  # these series have no job or instance: the cluster narrows them
+    return [
+        timeseries(grid, "GPUs with a leak verdict",
+                   "GPUs whose own memory or one of whose processes gpuwatch judges leaking, "
+                   "per cluster.",
+                   [(f"{c}:gpuwatch_gpus_with_leak_verdict:count{sel} or vector(0)", legend)],
+                   "none", w=8, value_min=0),
+        timeseries(grid, "Shortest time to OOM per cluster",
+                   "The GPU closest to its memory budget at its leak rate, per cluster.",
+                   [(f"{c}:gpuwatch_gpu_time_to_oom_seconds:min{sel}", legend)], "s", w=8,
+                   thresholds=steps(("red", None), ("yellow", p.time_to_oom_critical_seconds),
+                                    ("green", p.time_to_oom_warning_seconds)),
+                   threshold_lines=True),
+        timeseries(grid, "Series per host",
+                   "The largest gpuwatch exposition of a host per cluster (the series "
+                   "budget), and the cluster's hosts.",
+                   [(f"{c}:gpuwatch_exposition_series_per_host:max{sel}",
+                     f"{legend} max per host"),
+                    (f"{c}:gpuwatch_hosts:count{sel}", f"{legend} hosts")], "short", w=8),
+    ]
