@@ -57,7 +57,7 @@ def _rule_files(tmp_path, pending: str | None = None, p: rules.RuleParams | None
 def _dashboard_queries(address: str) -> list[tuple[str, str, str, bool]]:
     """(dashboard, panel, PromQL with the variables filled in, instant) of every target."""
     values = {"$job": "gpuwatch", "$instance": address, "$gpu": ".*", "$engine": ".*",
-              "$model": ".*", "$namespace": ".*", "$pod": ".*",
+              "$model": ".*", "$namespace": ".*", "$pod": ".*", "$cluster": ".*",
               "$__rate_interval": RATE_INTERVAL, "$__range": RANGE}
     out = []
     for path in sorted((REPO / "dashboards").glob("*.json")):
