@@ -1,15 +1,25 @@
 """Mutation score of the core modules: how many small changes to the code the tests catch.
 
-    python -m benchmarks.mutation [--per-target 30] [--seed 1] [--only NAME] [--json FILE]
+    python -m benchmarks.mutation [--per-target 25] [--seed 1] [--only NAME] [--json FILE]
     python -m benchmarks.mutation --only signals --per-target 9999 --module PATH --list
+    python -m benchmarks.mutation --set fixed [--group security --group policy] [--name N]
+    python -m benchmarks.mutation --check     # every fixed mutant's snippet still matches
+
+Two sets. The random sample (below) and the fixed set (benchmarks/mutants_fixed.py): named
+guards, each a snippet of its file and what replaces it, with the tests that cover its
+module. `--set` picks random, fixed or both (the default). The exit status is 1 when a fixed
+mutant survives or no longer matches its code, so CI can run the fixed set as a gate.
 
 A small AST mutator (no dependency): each mutant changes one thing in one module, the way
 a slip of the keyboard would: a comparison flipped or loosened (`<` -> `<=`, `==` -> `!=`),
 an arithmetic operator swapped (`+` -> `-`, `*` -> `/`), a number moved by one (`0` -> `1`,
 `0.5` -> `1.5`), `True` <-> `False`, `and` <-> `or`, `min` <-> `max`, a `not` dropped.
 The module is rewritten in a copy of the checkout and the target's tests run there
-(`pytest -x`); the mutant is killed when they fail or time out. Mutants are sampled with
-a fixed seed, `--per-target` per target, because every run costs a pytest start.
+(`pytest -x`); the mutant is killed when they fail or time out. The same tests run once on
+the unmutated code first: any that fail there are left out of every mutant's run (and named
+in the output), so a test broken before any mutation kills nothing. Mutants are sampled with
+a fixed seed, `--per-target` per target, because every run costs a pytest start. Scores
+are reported per target, per module, and for the security modules on their own.
 """
 
 from __future__ import annotations
@@ -25,20 +35,34 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import mutants_fixed
+from benchmarks.mutants_fixed import FIXED, SECURITY_MODULES, Fixed
 from benchmarks.report import emit
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+def _cover(*modules: str) -> tuple[list[str], list[str]]:
+    """A target of modules with fixed mutants: the union of their covering tests."""
+    tests = [t for m in modules for t in mutants_fixed.COVER[m]]
+    return list(modules), list(dict.fromkeys(tests))
+
+
 # target -> (modules, tests that cover them)
 TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "signals": (
-        ["gpuwatch/signals/leak.py", "gpuwatch/signals/zone.py", "gpuwatch/signals/oom.py",
+        ["gpuwatch/signals/leak.py", *sorted(
+            str(p.relative_to(REPO)) for p in (REPO / "gpuwatch/signals/leak").glob("*.py")),
+         "gpuwatch/signals/projection.py",
+         "gpuwatch/signals/zone.py", "gpuwatch/signals/oom.py",
          "gpuwatch/signals/fragmentation.py", "gpuwatch/signals/memory.py",
          "gpuwatch/signals/conditions.py"],
-        ["tests/test_bite_signals.py", "tests/test_bite_zone_frag.py",
+        ["tests/test_bite_signals.py", "tests/test_bite_signal_guards.py",
+         "tests/test_bite_zone_frag.py",
          "tests/test_bite_leak_fast.py", "tests/test_zone.py",
          "tests/test_oom.py", "tests/test_fragmentation.py", "tests/test_leak.py"]),
     "engine windows": (
@@ -49,17 +73,26 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
          "tests/test_engine_analyzer.py"]),
     "engine analyzer": (
         ["gpuwatch/engines/analyzer.py", "gpuwatch/signals/engine.py"],
-        ["tests/test_bite_engine_signals.py", "tests/test_bite_engines.py",
-         "tests/test_engine_analyzer.py"]),
+        ["tests/test_bite_engine_signals.py", "tests/test_bite_signal_guards.py",
+         "tests/test_bite_engines.py", "tests/test_engine_analyzer.py"]),
     "guardrails": (
         ["gpuwatch/remediation/guardrails.py"],
-        ["tests/test_bite_guardrails.py", "tests/test_remediation_remediator.py"]),
+        ["tests/test_bite_guardrails.py", "tests/test_bite_policy.py",
+         "tests/test_remediation_remediator.py"]),
     "config": (
         ["gpuwatch/config.py"],
         ["tests/test_bite_config.py", "tests/test_config.py"]),
     "thresholds": (
         ["gpuwatch/thresholds/table.py", "gpuwatch/thresholds/schema.py"],
-        ["tests/test_bite_thresholds.py", "tests/test_thresholds.py"]),
+        ["tests/test_bite_thresholds.py", "tests/test_bite_table.py",
+         "tests/test_thresholds.py"]),
+    "policy": _cover("gpuwatch/remediation/policy.py"),
+    "probe channel": _cover("gpuwatch/probe_channel/requests.py",
+                            "gpuwatch/probe_channel/protocol.py"),
+    "probe reader": _cover("gpuwatch/sources/probes.py"),
+    "probe agent": _cover("gpuwatch/probe_agent/agent.py"),
+    "web": _cover("gpuwatch/webconfig.py"),
+    "redaction": _cover("gpuwatch/redact.py"),
 }
 
 _CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
@@ -151,47 +184,96 @@ def mutate(source: str, index: int) -> str:
     raise IndexError(index)
 
 
-def run_mutant(m: Mutant, tests: list[str], timeout: float) -> tuple[Mutant, str, float]:
+def _copy_checkout(work: Path) -> None:
+    for part in ("gpuwatch", "tests", "benchmarks", "pyproject.toml", "alerts",
+                 "dashboards", "docs", "exporters", "README.md"):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, work / part, ignore=shutil.ignore_patterns(
+                "__pycache__", "*.pyc", "results"))
+        elif src.exists():
+            shutil.copy(src, work / part)
+
+
+def run_mutant(path: str | None, change: Callable[[str], str] | None, tests: list[str],
+               timeout: float, deselect: tuple[str, ...] = (),
+               first: bool = True) -> tuple[str, float, str, list[str]]:
+    """(verdict, seconds, the first test that failed, every test that failed): the module
+    at path rewritten by change() in a copy of the checkout (none: the code as it is), and
+    the tests run there, less those deselected."""
     with tempfile.TemporaryDirectory(prefix="gpuwatch-mut-") as tmp:
         work = Path(tmp)
-        for part in ("gpuwatch", "tests", "benchmarks", "pyproject.toml", "alerts",
-                     "dashboards", "docs", "exporters", "README.md"):
-            src = REPO / part
-            if src.is_dir():
-                shutil.copytree(src, work / part, ignore=shutil.ignore_patterns(
-                    "__pycache__", "*.pyc", "results"))
-            elif src.exists():
-                shutil.copy(src, work / part)
-        target = work / m.path
-        target.write_text(mutate(target.read_text(), m.index))
+        _copy_checkout(work)
+        if path is not None and change is not None:
+            target = work / path
+            target.write_text(change(target.read_text()))
         env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
         t0 = time.monotonic()
+        failed: list[str] = []
         try:
+            # Hypothesis's pytest plugin costs a second or two of CPU per start; the tests
+            # that use hypothesis run the same without it.
             r = subprocess.run(
-                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                 "-m", "not slow and not gpu", *tests],
+                [sys.executable, "-m", "pytest", *(["-x"] if first else []), "-q", "-rfE",
+                 "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                 "-m", "not slow and not gpu",
+                 *(a for d in deselect for a in ("--deselect", d)), *tests],
                 cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
             verdict = "survived" if r.returncode == 0 else (
                 "killed" if r.returncode in (1, 2) else f"error rc={r.returncode}")
+            # "FAILED tests/x.py::name - why"; captured log lines may start with ERROR too
+            failed = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in
+                      r.stdout.splitlines() if line.startswith(("FAILED tests/", "ERROR tests/"))]
         except subprocess.TimeoutExpired:
             verdict = "killed (timeout)"
-        return m, verdict, time.monotonic() - t0
+        return verdict, time.monotonic() - t0, failed[0] if failed else "", failed
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--per-target", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--only", action="append", help="target name (repeatable)")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=180)
-    ap.add_argument("--json")
-    ap.add_argument("--module", action="append",
-                    help="run only the sampled mutants of this module (repeatable); the "
-                         "sample itself stays that of the whole target")
-    ap.add_argument("--list", action="store_true",
-                    help="print the selected mutants and exit, without running them")
-    args = ap.parse_args()
+def baseline(tests: list[str], timeout: float) -> tuple[str, ...]:
+    """The tests that fail on the code as it is: left out of every mutant's run, so that a
+    test broken before any mutation kills no mutant (and the rest still judge them)."""
+    verdict, _, _, failed = run_mutant(None, None, tests, timeout * 4, first=False)
+    if verdict.startswith("killed") and not failed:
+        raise SystemExit(f"the tests fail on the unmutated code ({verdict}) and name no test")
+    return tuple(failed)
+
+
+def check_fixed(mutants: tuple[Fixed, ...] = FIXED) -> list[str]:
+    """Why any fixed mutant cannot be applied to the code as it is now (empty: all can)."""
+    problems = []
+    for m in mutants:
+        if not (REPO / m.path).exists():
+            problems.append(f"fixed mutant {m.name!r}: {m.path} does not exist")
+            continue
+        try:
+            ast.parse(mutants_fixed.apply(m, (REPO / m.path).read_text()))
+        except mutants_fixed.SnippetError as exc:
+            problems.append(str(exc))
+        except SyntaxError as exc:
+            problems.append(f"fixed mutant {m.name!r}: the mutated {m.path} does not parse "
+                            f"({exc.msg}, line {exc.lineno})")
+        missing = [t for t in m.tests if not (REPO / t).exists()]
+        if missing:
+            problems.append(f"fixed mutant {m.name!r}: covering tests missing: {missing}")
+    return problems
+
+
+def _score(rows: list[dict]) -> dict:
+    killed = sum(r["verdict"].startswith("killed") for r in rows)
+    errors = sum(r["verdict"].startswith("error") for r in rows)
+    judged = len(rows) - errors
+    return {"mutants": len(rows), "killed": killed, "errors": errors,
+            "score": round(killed / judged, 3) if judged else None}
+
+
+def _by_module(rows: list[dict]) -> dict[str, dict]:
+    modules: dict[str, list[dict]] = {}
+    for r in rows:
+        modules.setdefault(r["file"], []).append(r)
+    return {m: _score(modules[m]) for m in sorted(modules)}
+
+
+def _plan_random(args) -> tuple[list[tuple[str, Mutant, list[str]]], dict[str, int]]:
     plan: list[tuple[str, Mutant, list[str]]] = []
     population: dict[str, int] = {}
     for name, (modules, tests) in TARGETS.items():
@@ -206,38 +288,120 @@ def main() -> None:
         for mut in rng.sample(every, min(args.per_target, len(every))):
             if not args.module or mut.path in args.module:
                 plan.append((name, mut, tests))
+    return plan, population
+
+
+def _plan_fixed(args) -> list[Fixed]:
+    names = mutants_fixed.by_name()
+    unknown = [n for n in args.name or () if n not in names]
+    if unknown:
+        raise SystemExit(f"no fixed mutant named {', '.join(unknown)} "
+                         f"(see --set fixed --list)")
+    return [m for m in FIXED
+            if (not args.group or m.group in args.group)
+            and (not args.name or m.name in args.name)
+            and (not args.module or m.path in args.module)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--set", choices=("random", "fixed", "all"), default="all",
+                    help="the random sample, the fixed named mutants, or both (default)")
+    ap.add_argument("--per-target", type=int, default=25)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", action="append", help="random: target name (repeatable)")
+    ap.add_argument("--group", action="append",
+                    choices=("security", "policy", "thresholds", "signals"),
+                    help="fixed: only this group (repeatable)")
+    ap.add_argument("--name", action="append", help="fixed: only this mutant (repeatable)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=180)
+    ap.add_argument("--json")
+    ap.add_argument("--module", action="append",
+                    help="run only the mutants of this module (repeatable); the random "
+                         "sample itself stays that of the whole target")
+    ap.add_argument("--list", action="store_true",
+                    help="print the selected mutants and exit, without running them")
+    ap.add_argument("--check", action="store_true",
+                    help="only check that every fixed mutant still applies to the code")
+    args = ap.parse_args()
+    problems = check_fixed()
+    if args.check:
+        print("\n".join(problems) or f"all {len(FIXED)} fixed mutants apply")
+        raise SystemExit(1 if problems else 0)
+    plan, population = _plan_random(args) if args.set != "fixed" else ([], {})
+    fixed = _plan_fixed(args) if args.set != "random" else []
     if args.list:
         for name, m, _ in sorted(plan, key=lambda x: (x[1].path, x[1].line, x[1].index)):
             print(f"{name:>16}  {m.path}:{m.line}  {m.what}  (#{m.index})")
+        for f in fixed:
+            print(f"{'fixed ' + f.group:>16}  {f.name}  {f.path}: {f.what}")
         return
+    if fixed and problems:
+        # Never skipped: a guard that moved needs its mutant moved with it.
+        raise SystemExit("\n".join(problems))
     results: dict[str, list[dict]] = {name: [] for name in population}
+    fixed_rows: list[dict] = []
     t0 = time.monotonic()
+    everything = list(dict.fromkeys([t for _, _, ts in plan for t in ts]
+                                    + [t for f in fixed for t in f.tests]))
+    broken = baseline(everything, args.timeout)
+    if broken:
+        print(f"failing before any mutation, left out: {', '.join(broken)}", file=sys.stderr)
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_mutant, mut, tests, args.timeout): name
-                   for name, mut, tests in plan}
+        futures = {}
+        for name, mut, tests in plan:
+            fut = pool.submit(run_mutant, mut.path,
+                              lambda src, i=mut.index: mutate(src, i), tests, args.timeout,
+                              broken)
+            futures[fut] = (name, {"file": mut.path, "line": mut.line,
+                                   "mutation": mut.what, "index": mut.index})
+        for f in fixed:
+            fut = pool.submit(run_mutant, f.path, lambda src, f=f: mutants_fixed.apply(f, src),
+                              list(f.tests), args.timeout, broken)
+            futures[fut] = (None, {"name": f.name, "group": f.group, "file": f.path,
+                                   "mutation": f.what})
         for fut in concurrent.futures.as_completed(futures):
-            m, verdict, secs = fut.result()
-            results[futures[fut]].append({"file": m.path, "line": m.line, "mutation": m.what,
-                                          "verdict": verdict, "seconds": round(secs, 1)})
-            print(f"{verdict:>16}  {m.path}:{m.line}  {m.what}", file=sys.stderr)
-    summary = {}
-    for name, rows in results.items():
-        killed = sum(r["verdict"].startswith("killed") for r in rows)
-        errors = sum(r["verdict"].startswith("error") for r in rows)
-        judged = len(rows) - errors
-        summary[name] = {"mutants_in_code": population[name], "sampled": len(rows),
-                         "killed": killed, "errors": errors,
-                         "score": round(killed / judged, 3) if judged else None}
-    killed = sum(s["killed"] for s in summary.values())
-    judged = sum(s["sampled"] - s["errors"] for s in summary.values())
-    emit({"benchmark": "mutation", "seed": args.seed, "per_target": args.per_target,
-          "machine": platform.node(), "cpus": os.cpu_count(),
-          "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-          "wall_seconds": round(time.monotonic() - t0),
-          "score": round(killed / judged, 3) if judged else None,
-          "targets": summary,
-          "survivors": [dict(r, target=n) for n, rows in results.items() for r in rows
-                        if r["verdict"] == "survived"]}, args.json)
+            name, row = futures[fut]
+            verdict, secs, by, _ = fut.result()
+            row.update(verdict=verdict, seconds=round(secs, 1))
+            if by:
+                row["killed_by"] = by
+            (results[name] if name is not None else fixed_rows).append(row)
+            label = row.get("name") or f"{row['file']}:{row['line']}"
+            print(f"{verdict:>16}  {label}  {row['mutation']}", file=sys.stderr)
+    out: dict = {"benchmark": "mutation", "seed": args.seed, "per_target": args.per_target,
+                 "machine": platform.node(), "cpus": os.cpu_count(),
+                 "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+                 "wall_seconds": round(time.monotonic() - t0),
+                 "failing_before_mutation": list(broken)}
+    if plan:
+        rows = [r for rs in results.values() for r in rs]
+        out["random"] = {
+            **_score(rows),
+            "targets": {name: {"mutants_in_code": population[name], **_score(rs)}
+                        for name, rs in results.items()},
+            "modules": _by_module(rows),
+            "security_modules": _score([r for r in rows if r["file"] in SECURITY_MODULES]),
+            "survivors": [dict(r, target=n) for n, rs in results.items() for r in rs
+                          if r["verdict"] == "survived"],
+        }
+    if fixed_rows:
+        fixed_rows.sort(key=lambda r: [f.name for f in FIXED].index(r["name"]))
+        out["fixed"] = {
+            **_score(fixed_rows),
+            "groups": {g: _score([r for r in fixed_rows if r["group"] == g])
+                       for g in dict.fromkeys(r["group"] for r in fixed_rows)},
+            "modules": _by_module(fixed_rows),
+            "security_modules": _score([r for r in fixed_rows
+                                        if r["file"] in SECURITY_MODULES]),
+            "mutants": fixed_rows,
+        }
+    emit(out, args.json)
+    survived = [r["name"] for r in fixed_rows if not r["verdict"].startswith("killed")]
+    if survived:
+        print(f"fixed mutants not killed: {', '.join(survived)}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

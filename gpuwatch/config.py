@@ -51,9 +51,25 @@ class ThresholdsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     file: str = ""
 
 
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
 class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # /api/state shows process names, pids and the (masked) configuration; off: 404.
     api_state: bool = True
+    # What a remote party may hold open (docs/security.md, "Connections"): connections in
+    # all and per client address (IPv6: per /64). Lowered to fit the descriptor limit.
+    max_connections: PositiveInt = 512
+    max_connections_per_client: PositiveInt = 64
+    # The TLS handshake and the first request's headers must arrive within this.
+    header_timeout_seconds: PositiveFloat = 10.0
+    # An idle keep-alive connection is closed after this (above a 60 s scrape interval).
+    idle_timeout_seconds: PositiveFloat = 75.0
+    # A response the client does not read is dropped after this.
+    write_timeout_seconds: PositiveFloat = 30.0
+    # Failed basic-auth logins per client address and minute, after a burst of 10; past it
+    # the address gets 429 without a check (0: no limit).
+    auth_failures_per_minute: NonNegFloat = 10.0
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -153,9 +169,10 @@ def _env_to_dict(environ: dict[str, str]) -> dict[str, Any]:
     prefixes the rest wins, so keys with underscores (nvml.fast_interval_seconds) work."""
     out: dict[str, Any] = {}
     for name, value in environ.items():
-        # GPUWATCH_EVENT_*: what an exec hook receives, not settings.
+        # GPUWATCH_EVENT_*: what an exec hook receives; GPUWATCH_TEST_*: the test suite's own
+        # (its server cache), exported by developers in the shell the daemon runs from.
         if (not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG"
-                or name.startswith(ENV_PREFIX + "EVENT_")):
+                or name.startswith((ENV_PREFIX + "EVENT_", ENV_PREFIX + "TEST_"))):
             continue
         rest = name[len(ENV_PREFIX):].lower()
         path = _resolve_env_path(Config, rest)

@@ -19,13 +19,15 @@ import ssl
 import time
 from typing import Any
 
-from gpuwatch import __version__, exitcodes, logfmt, redact, webconfig
+from gpuwatch import __version__, exitcodes, lifecycle, logfmt, redact, webconfig
 from gpuwatch import config as config_mod
 from gpuwatch.attribution.source import make_source as make_attribution
 from gpuwatch.config import Config, ConfigError
+from gpuwatch.engine_feed import EngineFeed
 from gpuwatch.events import ActionEvent, Event, to_json
 from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
+from gpuwatch.exporter.listener import Limits, Listener
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.server import Server
 from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
@@ -72,7 +74,10 @@ class Daemon:
             maxlen=RECENT_EVENTS)
         self.snapshot = Snapshot(started=self.started, config=cfg)
         self._version = 0
-        self._pending_engines: list[EngineSample] = []
+        self._engine_version = 0  # engine ticks published, for the renderer
+        self._last_tick_t = 0.0
+        self._acting = asyncio.Lock()
+        self.engine_feed = EngineFeed(self.run_tick)
         self._recorder: Recorder | None = None
         self._events_log = None
         self._stop = asyncio.Event()
@@ -80,6 +85,8 @@ class Daemon:
         self._reload_task: asyncio.Task | None = None
         self._otlp_task: asyncio.Task | None = None
         self._reload_again = False
+        self._reader = lifecycle.DeadlineReader()
+        self.listener: Listener | None = None
         self._extras: dict[str, Any] = {"driver_version": ""}
         self.renderer = Renderer()
         # Failures that could repeat every tick: counted, shown in /readyz and the metrics,
@@ -133,11 +140,8 @@ class Daemon:
         return ooms
 
     def _take_engines(self, now: float) -> list[EngineSample]:
-        engines, self._pending_engines = self._pending_engines, []
         sim = getattr(self.backend, "engines", None)
-        if sim is not None:
-            engines += sim(now)
-        return engines
+        return sim(now) if sim is not None else []
 
     async def tick_once(self) -> Tick:
         now = time.time()
@@ -149,12 +153,20 @@ class Daemon:
         ooms = [] if self._own_probes else await self._ooms(now, gpus, probes)
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes,
                     ooms=ooms)
-        events = self._process(tick)
-        if self.nvsentinel is not None:  # GPU health to NVSentinel (delivered off the loop)
-            self.nvsentinel.update(gpus, self.pipeline.derived.gpus, now)
-        if self.remediator is not None:
-            self._log_actions(await self.remediator.on_events(events, self.snapshot))
+        await self.run_tick(tick)
         return tick
+
+    async def run_tick(self, tick: Tick) -> None:
+        """Analyze, publish and act on one tick: the host's, or engine scrapes as they came."""
+        tick.t = max(tick.t, self._last_tick_t)  # one order for the pipeline and the recording
+        self._last_tick_t = tick.t
+        events = self._process(tick)
+        # GPU health to NVSentinel (delivered off the loop), from the host's ticks only
+        if self.nvsentinel is not None and not tick.engines_only:
+            self.nvsentinel.update(tick.gpus, self.pipeline.derived.gpus, tick.t)
+        if self.remediator is not None:
+            async with self._acting:  # host and engine ticks act one at a time
+                self._log_actions(await self.remediator.on_events(events, self.snapshot))
 
     def _log_actions(self, actions: list[ActionEvent]) -> None:
         for action in actions:  # logged once, by the ledger that decided it
@@ -184,8 +196,9 @@ class Daemon:
             log.log(logfmt.level(ev), "%s", logfmt.human_line(ev, with_time=False))
             self._log_event(ev)
         self._extras["driver_version"] = self.backend.driver_version
-        self.tick_health.ok()
-        self._publish(tick, ready=True)
+        if not tick.engines_only:  # the host's ticks: an engine scrape says nothing of them
+            self.tick_health.ok()
+        self._publish(tick, ready=not tick.engines_only)
         return events
 
     def _log_event(self, ev: Event | ActionEvent) -> None:
@@ -194,11 +207,21 @@ class Daemon:
 
     def _publish(self, tick: Tick | None, ready: bool) -> None:
         self._version += 1
+        if tick is not None and tick.engines:
+            self._engine_version += 1
         if self.remediator is not None:
             self._extras["remediation"] = self.remediator.counters()
+        if self.listener is not None:
+            self._extras["http"] = {**self.listener.counters(), "logins_refused": dict(
+                self.guard.refused) if self.guard and self.guard.auth else None}
         self._extras["ticks"] = self.tick_health.state()
+        if tick is not None and tick.engines_only:
+            tick = Tick(t=tick.t, gpus=self.snapshot.tick.gpus, probes=self.snapshot.tick.probes,
+                        ooms=self.snapshot.tick.ooms,
+                        engines=tick.engines) if self.snapshot.tick else tick
         self.snapshot = Snapshot(
             version=self._version,
+            engine_version=self._engine_version,
             tick=tick,
             derived=self.pipeline.derived,
             sources={k: dataclasses.replace(v) for k, v in self.sources.items()},
@@ -241,7 +264,7 @@ class Daemon:
 
     # -- engines ----------------------------------------------------------------------
     def _engine_sink(self, sample: EngineSample) -> None:
-        self._pending_engines.append(sample)
+        self.engine_feed.put(sample)
         st = self.sources.setdefault(f"engine:{sample.name}", SourceStatus())
         st.last_duration_seconds = sample.duration_seconds
         if sample.error:
@@ -259,7 +282,10 @@ class Daemon:
         from gpuwatch.sources.engines import EngineSource
 
         source = EngineSource(self.config.engines, self.config.discovery)
-        self._engine_task = asyncio.create_task(source.run(self._engine_sink))
+
+        async def run() -> None:
+            await asyncio.gather(source.run(self._engine_sink), self.engine_feed.run())
+        self._engine_task = asyncio.create_task(run())
 
     # -- configuration ----------------------------------------------------------------
     def request_reload(self) -> None:
@@ -277,16 +303,17 @@ class Daemon:
 
     async def reload(self) -> bool:
         """Validate the whole new configuration, then apply all of it or none of it."""
-        loop = asyncio.get_running_loop()
         try:
-            # The file is read on a thread, with a deadline: a slow or stuck filesystem must
-            # not stall sampling and serving (a FIFO is refused by the reader itself).
-            new, wc = await asyncio.wait_for(loop.run_in_executor(None, self._read),
-                                             RELOAD_TIMEOUT_SECONDS)
-            self._apply(new, wc)
-        except TimeoutError:
-            log.error("configuration reload rejected, nothing applied: reading %s took "
-                      "more than %ss", self.config_path, RELOAD_TIMEOUT_SECONDS)
+            # Every file is read on a daemon thread, with a deadline: a slow or stuck
+            # filesystem must not stall sampling and serving, nor exit (a FIFO is refused by
+            # the readers themselves).
+            new, web_update, pipeline = await self._reader.run(self._read, RELOAD_TIMEOUT_SECONDS)
+            self._apply(new, web_update, pipeline)
+        except (TimeoutError, lifecycle.StuckRead) as exc:
+            log.error("configuration reload rejected, nothing applied: reading %s, its "
+                      "threshold table and web config %s", self.config_path,
+                      f"took more than {RELOAD_TIMEOUT_SECONDS}s" if isinstance(
+                          exc, TimeoutError) else f"is still stuck: {exc}")
             return False
         except webconfig.WebConfigError as exc:
             log.error("web config reload rejected, nothing of the configuration applied "
@@ -299,23 +326,28 @@ class Daemon:
                  self.config_path or "the environment")
         return True
 
-    def _read(self) -> tuple[Config, webconfig.WebConfig | None]:
-        """The new configuration, and the web config file's new contents when it is kept
-        (a changed path needs a restart). Runs on a thread: both are file reads."""
+    def _read(self) -> tuple[Config, tuple | None, Pipeline | None]:
+        """The new configuration; the web config file's new contents and TLS context when it
+        is kept (a changed path needs a restart); a new pipeline when signals or the threshold
+        table changed. Runs on a thread: all are file reads."""
         new = config_mod.load(self.config_path, overrides=self.overrides)
-        wc = None
+        web_update = None
         if self.guard is not None and new.web_config and new.web_config == self.config.web_config:
             wc = webconfig.load(new.web_config)
-        return new, wc
+            self.guard.check_update(wc)
+            web_update = wc, webconfig.ssl_context(wc)
+        pipeline = None
+        if (new.signals, new.thresholds) != (self.config.signals, self.config.thresholds):
+            pipeline = Pipeline.from_config(new)
+        return new, web_update, pipeline
 
-    def _apply(self, new: Config, wc: webconfig.WebConfig | None) -> None:
+    def _apply(self, new: Config, web_update: tuple | None,
+               pipeline: Pipeline | None = None) -> None:
         """Build and check everything the new configuration needs before changing anything;
         the remediator's reconfigure is itself all-or-nothing and the last step that can
         fail."""
         old = self.config
-        pipeline = self.pipeline
-        if (new.signals, new.thresholds) != (old.signals, old.thresholds):
-            pipeline = Pipeline.from_config(new)
+        pipeline = pipeline or self.pipeline
         engines_changed = (new.engines, new.discovery) != (old.engines, old.discovery)
         if new.otlp != old.otlp and otlp_missing(new):
             raise ValueError(otlp_missing(new))
@@ -342,15 +374,17 @@ class Daemon:
             self._make_nvsentinel(new)
         if new.otlp != old.otlp:
             self._start_otlp()
-        if wc is not None:
-            self._reload_web(wc)
+        if web_update is not None:
+            self._reload_web(*web_update)
 
-    def _reload_web(self, wc: webconfig.WebConfig) -> None:
+    def _reload_web(self, wc: webconfig.WebConfig, context: ssl.SSLContext | None) -> None:
         try:
-            restart = self.guard.update(wc)
-        except (ssl.SSLError, OSError) as exc:  # a certificate replaced since it was read
+            restart = self.guard.update(wc, context)
+        except (ssl.SSLError, OSError, webconfig.WebConfigError) as exc:  # changed since read
             log.error("web config reload rejected, keeping the current one: %s", exc)
             return
+        if self.listener is not None:
+            self.listener.ssl = self.guard.context
         if restart:
             log.warning("web config: %s changes need a restart", ", ".join(restart))
         else:
@@ -419,13 +453,32 @@ class Daemon:
             self._events_log = None
 
     async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; the exit status. One daemon per state directory."""
+        try:
+            lock = await asyncio.to_thread(lifecycle.lock_state_dir, state_dir())
+        except lifecycle.StateDirBusy as exc:
+            log.error("%s", exc)
+            return exitcodes.USAGE
+        try:
+            return await self._run()
+        finally:
+            if lock is not None:
+                os.close(lock)
+
+    def _on_stop_signal(self) -> None:
+        if not self._stop.is_set():  # whatever hangs while stopping, the process ends
+            lifecycle.exit_after(lifecycle.STOP_DEADLINE_SECONDS, exitcodes.FAILURE)
+        self._stop.set()
+
+    async def _run(self) -> int:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
         try:
             if self.web is None and self.config.web_config:
                 self.web = webconfig.load(self.config.web_config)
             if self.web is not None:
-                self.guard = webconfig.Guard(self.web)
+                self.guard = webconfig.Guard(
+                    self.web, failures_per_minute=self.config.http.auth_failures_per_minute)
         except webconfig.WebConfigError as exc:
             log.error("%s", exc)
             return exitcodes.USAGE
@@ -446,9 +499,12 @@ class Daemon:
             tls = self.guard.context
         app = make_app(lambda: self.snapshot, self.renderer, extra_routes=routes,
                        guard=self.guard)
-        runner = Server(app)
+        http = self.config.http
+        runner = Server(app, Limits.of(http), keepalive_timeout=http.idle_timeout_seconds,
+                        refusals=self.guard.take_refusals if self.guard else None)
         try:
             await runner.start(host, port, ssl=tls)
+            self.listener = runner.listener
         except OSError as exc:
             log.error("cannot listen on %s: %s", self.config.listen, exc.strerror or exc)
             await runner.close()
@@ -460,7 +516,7 @@ class Daemon:
             log.warning("basic auth without tls_server_config: passwords cross the network "
                         "in clear")
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._on_stop_signal)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         tasks = []
         try:
@@ -479,6 +535,8 @@ class Daemon:
                     t.cancel()
             await asyncio.gather(*[t for t in tasks if t], return_exceptions=True)
             await runner.close()
+            if self.guard is not None:
+                self.guard.close()
             await self.remediator.close()
             self._log_actions(self.remediator.take_done())  # finished while stopping
             self._close_outputs()

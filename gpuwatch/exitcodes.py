@@ -3,7 +3,9 @@
 0   done (or stopped by SIGTERM/SIGINT)
 1   a runtime failure, or `gpuwatch check` found a failure
 2   misuse: a bad flag, argument, configuration or file it names, an address that cannot be
-    bound (not on this host, a privileged port without the capability); restarting cannot help
+    bound (not on this host, a privileged port without the capability), or another daemon
+    still holding the state directory after a 10 s wait (two daemons configured on one
+    directory); restarting cannot help
 75  a transient failure (EX_TEMPFAIL): the listen address is busy; a restart may succeed
 """
 

@@ -131,6 +131,8 @@ class EngineSample(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True):
     t: float | None = None
     duration_seconds: float | None = None
     pids: list[int] = []
+    # What the engine's info endpoint says (sources/engine_info.py): version, model.
+    info: dict[str, str] = {}
 
 
 class ProbeSample(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -197,6 +199,9 @@ class Tick(msgspec.Struct, omit_defaults=True, kw_only=True):
     engines: list[EngineSample] = []
     probes: list[ProbeSample] = []
     ooms: list[OomSample] = []
+    # Engine scrapes as they arrive, between the host's ticks: only the engine analyzer
+    # reads them (no GPU was sampled: an empty list here says nothing about the GPUs).
+    engines_only: bool = False
 
 
 class RecordingHeader(msgspec.Struct, kw_only=True):

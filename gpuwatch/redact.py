@@ -30,6 +30,7 @@ MIN_SCRUB_LEN = 4
 # `secret_args` names. "url" fields keep everything but their userinfo.
 SECRET_FIELDS: tuple[tuple[str, str], ...] = (
     ("engines[].url", "url"),
+    ("engines[].info_url", "url"),
     ("engines[].headers.*", "value"),
     ("engines[].bearer_token", "value"),
     ("remediation.flush.endpoints[].url", "url"),

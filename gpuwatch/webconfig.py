@@ -18,12 +18,12 @@ Every problem is one line naming the key; the daemon exits with status 2 before 
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import binascii
 import hashlib
 import hmac
 import logging
+import math
+import os
 import re
 import ssl
 from collections import OrderedDict
@@ -33,8 +33,9 @@ from pathlib import Path
 
 import msgspec
 
+from gpuwatch import admission
 from gpuwatch.exporter import server
-from gpuwatch.tomlfile import explain
+from gpuwatch.tomlfile import explain, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,27 @@ UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
 UNSUPPORTED_TLS_KEYS = ("cipher_suites", "curve_preferences", "prefer_server_cipher_suites",
                         "client_allowed_sans", "cert", "key", "client_ca")
 _BCRYPT_HASH = re.compile(rb"\$2[aby]?\$\d\d\$[./A-Za-z0-9]{53}")
-# Checked for unknown users, so that a wrong name costs as long as a wrong password.
+_BCRYPT_COST = re.compile(rb"\$2[aby]?\$(\d\d)\$")
+# Checked for unknown users, so that a wrong name costs as long as a wrong password: at the
+# cost of the dearest configured hash (dummy_hash), else a cheap unknown name would tell.
 _DUMMY_HASH = b"$2b$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+
+
+def dummy_hash(users: dict[str, bytes]) -> bytes:
+    """_DUMMY_HASH with the highest cost among the users' hashes ($2b$CC$...)."""
+    costs = [int(m.group(1)) for h in users.values() if (m := _BCRYPT_COST.match(h))]
+    cost = max(costs, default=int(_DUMMY_HASH[4:6]))
+    return b"$2b$%02d$" % cost + _DUMMY_HASH[7:]
 AUTH_CACHE_ENTRIES = 256
-# bcrypt runs on threads, at most this many at once: a flood of wrong passwords costs CPU
-# time, never the event loop or every core.
-BCRYPT_CONCURRENCY = 2
+# bcrypt runs on threads, at most this many at once and never on more than half the cores:
+# a flood of wrong passwords costs CPU time, never the event loop or every core. At cost 12
+# one check is ~0.3-0.8 s on a small VM, so a waiter at the back of the queue waits a few
+# seconds at most, inside a scrape timeout.
+BCRYPT_CONCURRENCY = max(1, min(2, len(os.sched_getaffinity(0)) // 2))
+BCRYPT_QUEUE = 8
+# Failed logins per client address (IPv6: per /64) before it is answered 429 unchecked.
+AUTH_FAILURE_BURST = 10
+AUTH_FAILURES_PER_MINUTE = 10
 
 
 class WebConfigError(ValueError):
@@ -133,13 +149,10 @@ def load(path: str | Path) -> WebConfig:
 def _read_yaml(path: Path, fail: Callable[[str, str], WebConfigError]) -> object:
     import yaml  # only a host with a web configuration file reads YAML
 
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+    try:  # a FIFO or a device is refused before anything is read: a reload never blocks
+        data = read_regular(path, MAX_FILE_BYTES)
     except OSError as exc:
         raise fail("", exc.strerror or str(exc)) from None
-    if len(data) > MAX_FILE_BYTES:
-        raise fail("", f"larger than {MAX_FILE_BYTES} bytes")
     try:
         return yaml.safe_load(data)
     except yaml.YAMLError as exc:
@@ -204,7 +217,9 @@ def ssl_context(wc: WebConfig) -> ssl.SSLContext | None:
     for key in ("cert_file", "key_file", "client_ca_file"):
         file = getattr(t, key)
         if file is not None and not file.is_file():
-            raise WebConfigError(f"{where}.{key}: {file}: file not found")
+            # OpenSSL would block on a FIFO, and a reload with it.
+            why = "not a regular file" if file.exists() else "file not found"
+            raise WebConfigError(f"{where}.{key}: {file}: {why}")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = TLS_VERSIONS[t.min_version]
     if t.max_version:
@@ -229,35 +244,65 @@ def _ssl_reason(exc: Exception) -> str:
 
 
 class BasicAuth:
-    """Checks `Authorization: Basic` against bcrypt hashes. Verdicts are cached by a digest of
-    (user, password, hash), so a scraper pays bcrypt's cost once, not per scrape; the user
-    name is compared in constant time and an unknown one costs a bcrypt check too."""
+    """Checks `Authorization: Basic` against bcrypt hashes. Successful verdicts are cached by a
+    digest of (user, password, hash), so a scraper pays bcrypt's cost once, not per scrape;
+    failures have a cache of their own, so no number of wrong or unknown credentials evicts a
+    right one. The user name is compared in constant time and an unknown one costs a bcrypt
+    check too. bcrypt runs on its own threads, BCRYPT_CONCURRENCY at once, with at most
+    BCRYPT_QUEUE callers waiting: past that a check is refused at once (Busy)."""
 
-    def __init__(self, users: dict[str, bytes]) -> None:
+    def __init__(self, users: dict[str, bytes],
+                 workers: admission.BoundedWorkers | None = None) -> None:
         self.users = dict(users)
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
-        self._sem = asyncio.Semaphore(BCRYPT_CONCURRENCY)
+        self._dummy = dummy_hash(self.users)
+        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        self._failed: OrderedDict[bytes, None] = OrderedDict()
+        self.workers = workers or admission.BoundedWorkers(
+            BCRYPT_CONCURRENCY, BCRYPT_QUEUE, "bcrypt")
 
     async def check(self, header: str) -> bool:
+        try:
+            return await self.verify(header)
+        except admission.Busy:
+            return False
+
+    async def verify(self, header: str, *, clean: bool = True, client: str = "") -> bool:
+        """True for a right credential; raises admission.Busy when bcrypt's queue is full
+        (clean: the caller's client has no failed login on record, and waits ahead of those
+        that have)."""
+        found = self._key(header)
+        if found is None:
+            return False
+        key, known, password, hashed = found
+        if key in self._ok:
+            self._ok.move_to_end(key)
+            return known
+        if key in self._failed:
+            self._failed.move_to_end(key)
+            return False
+        ok = await self.workers.run(_checkpw, password, hashed, clean=clean, client=client)
+        cache = self._ok if ok and known else self._failed
+        cache[key] = None
+        while len(cache) > AUTH_CACHE_ENTRIES:
+            cache.popitem(last=False)
+        return ok and known
+
+    def cached(self, header: str) -> bool:
+        """Whether this header is a credential already found right: a digest, no bcrypt."""
+        found = self._key(header)
+        return found is not None and found[0] in self._ok
+
+    def _key(self, header: str) -> tuple[bytes, bool, bytes, bytes] | None:
         creds = _parse_basic(header)
         if creds is None:
-            return False
-        user, password = creds
-        hashed, known = _DUMMY_HASH, False
+            return None
+        user, password = creds[0].encode(), creds[1].encode()
+        hashed, known = self._dummy, False
         for name, h in self.users.items():
-            if hmac.compare_digest(name.encode(), user.encode()):
+            if hmac.compare_digest(name.encode(), user):
                 hashed, known = h, True
-        key = hashlib.sha256(b"\0".join((user.encode(), password.encode(), hashed))).digest()
-        ok = self._cache.get(key)
-        if ok is None:
-            async with self._sem:
-                ok = await asyncio.to_thread(_checkpw, password.encode(), hashed)
-            self._cache[key] = ok
-            while len(self._cache) > AUTH_CACHE_ENTRIES:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
-        return ok and known
+        key = hashlib.sha256(b"\0".join((user, password, hashed))).digest()
+        return key, known, password, hashed
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:
@@ -276,7 +321,7 @@ def _parse_basic(header: str) -> tuple[str, str] | None:
     try:
         user, sep, password = base64.b64decode(value.strip(), validate=True).decode().partition(
             ":")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # not base64 (binascii.Error), not ASCII, or not UTF-8 inside
         return None
     return (user, password) if sep else None
 
@@ -289,16 +334,38 @@ class Guard:
     middleware; TLS is the listening site's context. Paths in bearer_paths (the Alertmanager
     webhook) may instead carry a bearer token, which their handler checks: Alertmanager sends
     one credential, not two. update() takes a reloaded file (SIGHUP): users, headers, and a
-    rotated certificate and key."""
+    rotated certificate and key.
 
-    def __init__(self, wc: WebConfig, bearer_paths: Iterable[str] = ()) -> None:
+    A client past its budget of failed logins gets 429 without a bcrypt check (unless its
+    credential is one already found right), and one that finds bcrypt's queue full gets 503,
+    both at once; every refusal closes the connection."""
+
+    def __init__(self, wc: WebConfig, bearer_paths: Iterable[str] = (), *,
+                 failures_per_minute: float = AUTH_FAILURES_PER_MINUTE) -> None:
         self.bearer = frozenset(bearer_paths)
         self.wc = wc
-        self.auth = BasicAuth(wc.users) if wc.users else None
+        # One bcrypt queue for the daemon's life: a reload does not reset who waits.
+        self.workers = admission.BoundedWorkers(BCRYPT_CONCURRENCY, BCRYPT_QUEUE, "bcrypt")
+        self.auth = BasicAuth(wc.users, self.workers) if wc.users else None
         self.context = ssl_context(wc)
+        self.budget = admission.FailureBudget(failures_per_minute, AUTH_FAILURE_BURST)
+        self.refused: dict[str, int] = {"unauthorized": 0, "rate_limited": 0, "busy": 0}
+        self.refused_by: dict[str, int] = {}  # client -> refusals since take_refusals()
 
-    def update(self, wc: WebConfig) -> list[str]:
-        """Take what can change while serving; returns what needs a restart instead."""
+    def check_update(self, wc: WebConfig) -> None:
+        """Raises WebConfigError when a reload would weaken what is served without anyone
+        saying so: basic auth cannot be turned off by emptying basic_auth_users on SIGHUP
+        (restart with the new file to serve without it)."""
+        if self.wc.users and not wc.users:
+            raise WebConfigError(f"web config {wc.path}: basic_auth_users: empty, which would "
+                                 "turn basic auth off; refused on reload (restart gpuwatch "
+                                 "with this file to serve without basic auth)")
+
+    def update(self, wc: WebConfig, context: ssl.SSLContext | None = None) -> list[str]:
+        """Take what can change while serving; returns what needs a restart instead. context:
+        ssl_context(wc) made beforehand (off the event loop), to serve new connections with
+        instead of loading the new certificate into the current one."""
+        self.check_update(wc)
         old = self.wc.tls
         new = wc.tls
         restart = []
@@ -308,19 +375,53 @@ class Guard:
             restart.append("tls_server_config (other than cert_file/key_file)")
         elif new is not None and self.context is not None:
             # New connections get the new certificate; open ones keep theirs.
-            self.context.load_cert_chain(new.cert_file, new.key_file)
+            if context is not None:
+                self.context = context
+            else:
+                self.context.load_cert_chain(new.cert_file, new.key_file)
         self.wc = wc
-        self.auth = BasicAuth(wc.users) if wc.users else None
+        self.auth = BasicAuth(wc.users, self.workers) if wc.users else None
         return restart
+
+    def close(self) -> None:
+        self.workers.close()
+
+    def take_refusals(self) -> dict[str, int]:
+        """Refusals per client since the last call (the rate-limited log line's detail)."""
+        out, self.refused_by = self.refused_by, {}
+        return out
+
+    def _refuse(self, client: str, reason: str, status: int, text: str,
+                headers: dict[str, str]) -> server.Response:
+        self.refused[reason] += 1
+        if len(self.refused_by) < 1000 or client in self.refused_by:
+            self.refused_by[client] = self.refused_by.get(client, 0) + 1
+        # A refused client keeps no connection open.
+        return server.Response(text, status, {**headers, **self.wc.headers,
+                                              "Connection": "close"})
 
     async def middleware(self, request: server.Request, handler: Handler) -> server.Response:
         auth, extra = self.auth, self.wc.headers
         header = request.headers.get("Authorization", "")
         if auth is not None and not (
-                request.path in self.bearer and header[:7].lower() == "bearer ") and not (
-                await auth.check(header)):
-            return server.Response("401 Unauthorized: basic auth required\n", 401,
-                                   {"WWW-Authenticate": 'Basic realm="gpuwatch"', **extra})
+                request.path in self.bearer and header[:7].lower() == "bearer "):
+            client = admission.client_key(request.remote)
+            wait = self.budget.retry_after(client)
+            if wait and not auth.cached(header):
+                return self._refuse(client, "rate_limited", 429,
+                                    "429 Too Many Requests: too many failed logins from this "
+                                    "address\n", {"Retry-After": str(math.ceil(wait))})
+            try:
+                ok = await auth.verify(header, clean=self.budget.clean(client), client=client)
+            except admission.Busy:
+                return self._refuse(client, "busy", 503, "503 Service Unavailable: too many "
+                                    "logins being checked\n", {"Retry-After": "1"})
+            if not ok:
+                self.budget.failed(client)
+                self.workers.demote(client)
+                return self._refuse(client, "unauthorized", 401,
+                                    "401 Unauthorized: basic auth required\n",
+                                    {"WWW-Authenticate": 'Basic realm="gpuwatch"'})
         response = await handler(request)
         response.headers.update(extra)
         return response

@@ -20,11 +20,12 @@ CHURN_PER_SCRAPE = 10_000
 HUGE_BYTES = 15 * 2**20
 
 
-def vllm(q: float, h: float, *, preempt: float = 0, running: float = 3, start: float = 1e9,
+def vllm(q: float, h: float, *, preempt: float = 0, running: float = 3,
+         start: float | None = 1e9,
          buckets: tuple[tuple[str, float], ...] = (("0.5", 0), ("+Inf", 0)),
          qsum: float = 0.0, lab: str = LAB) -> str:
     lines = [
-        f"process_start_time_seconds {start}",
+        *([f"process_start_time_seconds {start}"] if start is not None else []),
         f"vllm:num_requests_running{{{lab}}} {running}",
         f"vllm:num_requests_waiting{{{lab}}} 1",
         f"vllm:kv_cache_usage_perc{{{lab}}} 0.25",
@@ -100,6 +101,9 @@ class Engines:
         elif path == "replicas":  # two processes behind one URL, constant counters
             text = (vllm(5000, 2500, preempt=40, start=1.7e9) if k % 2 else
                     vllm(300, 150, preempt=2, start=1.7e9 + 3600))
+        elif path == "blind_replicas":  # the same, with no start time to tell them apart
+            text = (vllm(5000, 2500, preempt=40, start=None) if k % 2 else
+                    vllm(300, 150, preempt=2, start=None))
         if text is None:
             raise web.HTTPNotFound()
         return web.Response(text=text, content_type="text/plain")

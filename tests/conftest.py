@@ -111,3 +111,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def shared_tmp():
+    """A fresh directory processes of other uids can reach (tmp_path is root's, 0700)."""
+    import subprocess
+
+    from tests.other_uids import shared_dir
+
+    path = shared_dir()
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+@pytest.fixture
+def sleepers():
+    """start(uid, probe_dir, samples=None) -> a live process of uid with its probe record
+    (tests/other_uids.py); stopped when the test ends."""
+    from tests.other_uids import Sleepers
+
+    started = Sleepers()
+    yield started
+    started.stop()

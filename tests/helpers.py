@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -128,7 +129,8 @@ class Daemon(Proc):
             argv += ["--config", str(cfg)]
         argv += list(args)
         # State (audit log, snapshots) stays in the test's directory.
-        full_env = child_env(STATE_DIRECTORY=str(workdir / f"state-{self.port}"), **(env or {}))
+        full_env = child_env(**{"STATE_DIRECTORY": str(workdir / f"state-{self.port}"),
+                                **(env or {})})
         super().__init__(argv, workdir, f"gpuwatch-{self.port}", env=full_env,
                          preexec=preexec)
         if wait_ready:
@@ -151,6 +153,13 @@ class Daemon(Proc):
         return self.get("/metrics")[1].decode()
 
 
+def _timeout(scrape_interval: str) -> str:
+    """The scrape timeout: 5 s, or the interval where it is shorter (Prometheus refuses a
+    timeout longer than the interval)."""
+    m = re.fullmatch(r"(\d+)s", scrape_interval)
+    return scrape_interval if m and int(m.group(1)) < 5 else "5s"
+
+
 class Prometheus(Proc):
     def __init__(self, workdir: Path, targets: list[str] | None, scrape_interval: str = "1s",
                  rule_files=(), alertmanager_url: str | None = None, job: str = "gpuwatch",
@@ -169,7 +178,7 @@ class Prometheus(Proc):
         config = {
             "global": {"scrape_interval": scrape_interval,
                        "evaluation_interval": evaluation_interval,
-                       "scrape_timeout": "1s" if scrape_interval == "1s" else "5s",
+                       "scrape_timeout": _timeout(scrape_interval),
                        **extra.pop("global", {})},
             "scrape_configs": [] if targets is None else [
                 {"job_name": job, "static_configs": [{"targets": targets}], **(scrape or {})}],

@@ -35,6 +35,9 @@ CASES = [
     (["run", "--bogus"], "--bogus"),
     (["run", "--config", "/nonexistent/gpuwatch.toml"], "/nonexistent/gpuwatch.toml"),
     (["run", "--config", "{tmp}/bad.toml"], "nvml.fast_interval_seconds"),
+    # with both, the HTTP client refuses every scrape: the engine would be down for good
+    (["run", "--config", "{tmp}/two-auth.toml"], "engines[0]: credentials in the url and "
+     "bearer_token"),
     (["run", "--log-level", "loud"], "--log-level"),
     (["nosuchcommand"], "nosuchcommand"),
     (["dashboards", "-o", "/proc/nope"], "-o/--output"),
@@ -60,6 +63,8 @@ CASES = [
 def tmp(tmp_path_factory):
     d = tmp_path_factory.mktemp("cli")
     (d / "bad.toml").write_text("[nvml]\nfast_interval_seconds = 0\n")
+    (d / "two-auth.toml").write_text('[[engines]]\nname = "v"\nbearer_token = "s3cret-t"\n'
+                                     'url = "http://user:s3cret-p@127.0.0.1:9/metrics"\n')
     (d / "not-a-recording.jsonl").write_text('{"a": 1}\n')
     (d / "events.jsonl").write_text(json.dumps({"t": 1.0, "signal": "memory_leak",
                                                 "state": "firing"}) + "\n")
@@ -87,6 +92,7 @@ def test_misuse_is_one_line_exit_2(tmp, argv, names):
     assert len(lines) == 1, r.stderr
     assert any(n.replace("{tmp}", str(tmp)) in lines[0] for n in names.split("|")), lines[0]
     assert "serving on" not in r.stderr
+    assert "s3cret" not in r.stderr
 
 
 def test_help_and_version_exit_0():

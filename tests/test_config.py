@@ -69,6 +69,12 @@ def test_unknown_env_variable_is_an_error():
         load(None, environ={"GPUWATCH_NVML_FAST": "1"})
 
 
+def test_the_test_suites_own_variables_are_not_settings():
+    # the README has developers export GPUWATCH_TEST_CACHE; gpuwatch run must still start
+    cfg = load(None, environ={"GPUWATCH_TEST_CACHE": "/tmp/cache", "GPUWATCH_EVENT_ID": "1"})
+    assert cfg == load(None, environ={})
+
+
 def test_config_file_from_env(tmp_path):
     p = write(tmp_path, "[nvml]\nfast_interval_seconds = 4\n")
     assert load(None, environ={"GPUWATCH_CONFIG": str(p)}).nvml.fast_interval_seconds == 4

@@ -206,6 +206,17 @@ def test_systemd_unit_fits_the_documented_install():
     assert load(ROOT / "gpuwatch.toml", environ={}).events_log.startswith("/var/log/gpuwatch/")
 
 
+def test_systemd_unit_gives_the_connection_cap_and_the_reserve_their_descriptors():
+    from gpuwatch.config import HttpConfig
+    from gpuwatch.exporter.sockets import RESERVED_FDS
+
+    limit = int(unit()["LimitNOFILE"][0])
+    # With room for what the daemon itself holds open (threads, NVML, logs: ~50).
+    assert limit >= HttpConfig().max_connections + RESERVED_FDS + 128
+    # The container's run line asks for the same.
+    assert f"--ulimit nofile={limit}:{limit}" in (ROOT / "Containerfile").read_text()
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
 def test_systemd_verify_accepts_the_unit(tmp_path):
     # A root laid out like a host after the README's install: systemd's own units, the venv's

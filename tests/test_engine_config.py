@@ -39,6 +39,13 @@ def test_defaults(tmp_path):
      "engines[0].timeout_seconds"),
     ('[[engines]]\nname = "a"\nurl = "http://h:1"\nheaders = {"X:Y" = "1"}',
      "engines[0]: headers: 'X:Y' is not a valid header name"),
+    ('[[engines]]\nname = "a"\nurl = "http://u:p@h:1/m"\nbearer_token = "t"',
+     "engines[0]: credentials in the url and bearer_token would both be sent as the "
+     "Authorization header: give only one"),
+    ('[[engines]]\nname = "a"\nurl = "http://u@h:1/m"\nheaders = {authorization = "x"}',
+     "engines[0]: credentials in the url and an Authorization header would both"),
+    ('[[engines]]\nname = "a"\nurl = "http://h:1/m"\nbearer_token = "t"\n'
+     'headers = {Authorization = "x"}', "engines[0]: bearer_token and an Authorization"),
     ('[discovery]\nkinds = ["vllm", "ollama"]', "discovery: kinds: unknown kind(s) 'ollama'"),
     ('[signals.queue]\nquantiles = [0.5, 1.5]', "signals.queue: quantiles: 1.5 is not"),
     ('[signals.kv_cache]\nfloor = 0.3\ncritical_floor = 0.5',

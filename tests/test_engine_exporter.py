@@ -10,7 +10,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from gpuwatch.exporter.families import MODULES
+from gpuwatch.exporter.families import MODULES, serving
 from gpuwatch.exporter.families import engines as family
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
@@ -43,8 +43,9 @@ def render() -> str:
                                     error="connection failed: refused", t=30.0 * i))
         analyzer.update(Tick(t=30.0 * i, engines=samples, gpus=gpus), derived, conditions)
     registry = CollectorRegistry()
+    snap = Snapshot(derived=derived)
     registry.register(type("C", (), {
-        "collect": lambda self: family.collect(Snapshot(derived=derived))})())
+        "collect": lambda self: [*family.collect(snap), *serving.collect(snap)]})())
     return generate_latest(registry).decode()
 
 
@@ -75,7 +76,8 @@ def test_every_engine_has_the_same_names_where_it_has_the_signal():
         assert value("gpuwatch_engine_requests_running", engine) is not None
     assert value("gpuwatch_engine_up", "dead") == 0
     assert [k for k in got if k[1] == "dead"] == [("gpuwatch_engine_up", "dead"),
-                                                 ("gpuwatch_engine_info", "dead")]
+                                                 ("gpuwatch_engine_info", "dead"),
+                                                 ("gpuwatch_engine_restarts_total", "dead")]
     # KV usage: absent (not 0, not -1) for TGI and llama.cpp
     assert value("gpuwatch_engine_kv_cache_usage_ratio", "tgi") is None
     assert value("gpuwatch_engine_kv_cache_usage_ratio", "llama") is None
@@ -87,13 +89,23 @@ def test_every_engine_has_the_same_names_where_it_has_the_signal():
     assert value("gpuwatch_engine_kv_cache_hit_ratio", "tgi") is None
     assert value("gpuwatch_engine_prefix_cache_queries_total", "vllm08", unit="blocks") == 2000
     assert value("gpuwatch_engine_prefix_cache_hits_total", "sglang", unit="tokens") == 33000
-    # quantiles where there is a histogram, only the mean for Triton
-    assert value("gpuwatch_engine_queue_latency_seconds", "vllm", quantile="0.95") == \
+    # windowed quantiles where there is a histogram, only the mean for Triton; the histogram
+    # on gpuwatch's layout (only +Inf where the engine has just a sum and a count)
+    assert value("gpuwatch_engine_queue_latency_window_seconds", "vllm", quantile="0.95") == \
         pytest.approx(13.25)
     assert value("gpuwatch_engine_queue_latency_seconds_count", "vllm") == 17
     assert value("gpuwatch_engine_queue_latency_seconds_sum", "vllm") == pytest.approx(31.97)
-    assert value("gpuwatch_engine_queue_latency_seconds", "triton", quantile="0.95") is None
-    assert value("gpuwatch_engine_queue_latency_seconds_count", "triton") == 180
+    assert value("gpuwatch_engine_queue_latency_seconds_bucket", "vllm", le="+Inf") == 17
+    assert value("gpuwatch_engine_queue_latency_seconds_bucket", "vllm", le="0.3") == 7
+    assert value("gpuwatch_engine_queue_latency_resolution_seconds", "vllm") == 0.3
+    assert value("gpuwatch_engine_queue_latency_mean_seconds", "vllm") == \
+        pytest.approx((31.97 - 9.03) / 7)
+    assert value("gpuwatch_engine_queue_latency_window_seconds", "triton",
+                 quantile="0.95") is None
+    assert value("gpuwatch_engine_queue_latency_seconds_count", "triton",
+                 model="tensorrt_llm") == 180
+    assert [lab["le"] for lab, _ in got[("gpuwatch_engine_queue_latency_seconds_bucket",
+                                         "triton")]] == ["+Inf"]
     assert value("gpuwatch_engine_queue_latency_mean_seconds", "triton") == pytest.approx(0.1)
     assert value("gpuwatch_engine_preemptions_total", "vllm08") == 2
     # the engine to GPU join

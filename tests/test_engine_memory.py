@@ -52,7 +52,11 @@ def test_vllm_0_32_memory_facts_from_the_real_capture():
     assert why == ""
     assert r.sleep_level == 0
     assert r.kv_pool_tokens == 16 * 128  # num_gpu_blocks x block_size
-    assert r.kv_pool_bytes == 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1 fixed it
+    # VLLM_CPU_KVCACHE_SPACE=1 gave it 1 GiB, but --num-gpu-blocks-override 16 made the pool
+    # 16 blocks: the bytes are not the pool's size
+    assert r.kv_pool_bytes is None and "num_gpu_blocks_override" in " ".join(r.notes)
+    fixed, _ = read(real().replace('_override="16"', '_override="None"'))
+    assert fixed.kv_pool_bytes == 1 << 30
     # 37 labels, 32 kept: the ones the memory model reads are never the ones cut
     for key in ("gpu_memory_utilization", "num_gpu_blocks", "block_size",
                 "kv_cache_memory_bytes", "enable_prefix_caching"):

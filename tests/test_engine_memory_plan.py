@@ -34,8 +34,14 @@ def run(expo: str, kind: str = "vllm"):
     return p
 
 
+REAL = (FIXTURES / "vllm-0.32.0-cpu-real-load.prom").read_text()
+# the capture forced its block count (16 blocks, ~4 MiB on the CPU build) beside a 1 GiB
+# kv_cache_memory_bytes; without the override, the bytes the operator gave are the pool
+SIZED_IN_BYTES = REAL.replace('num_gpu_blocks_override="16"', 'num_gpu_blocks_override="None"')
+
+
 def test_vllm_032_shows_its_plan_beside_nvml_and_names_what_it_keeps_to_its_log():
-    p = run((FIXTURES / "vllm-0.32.0-cpu-real-load.prom").read_text())
+    p = run(SIZED_IN_BYTES)
     [m] = p.derived.engine_memory
     assert (m.engine, m.kind, m.gpu_uuid, m.gpu_index) == ("e0", "vllm", "GPU-a", 0)
     assert m.processes == {10: 72 * GIB} and m.nvml_used_bytes == 72 * GIB  # pid 99 is not its
@@ -49,9 +55,14 @@ def test_vllm_032_shows_its_plan_beside_nvml_and_names_what_it_keeps_to_its_log(
     assert row["kv_cache_bytes"] == GIB and row["processes"] == {"10": 72 * GIB}
 
 
+def test_a_forced_block_count_makes_the_kv_bytes_unknown_not_the_given_gigabyte():
+    [m] = run(REAL).derived.engine_memory
+    assert m.kv_cache_bytes is None and m.kv_cache_tokens == 16 * 128 and m.other_bytes is None
+
+
 def test_an_engine_that_sized_its_kv_cache_itself_has_tokens_but_no_bytes():
-    text = (FIXTURES / "vllm-0.32.0-cpu-real-load.prom").read_text().replace(
-        'kv_cache_memory_bytes="1073741824"', 'kv_cache_memory_bytes="None"')
+    text = SIZED_IN_BYTES.replace('kv_cache_memory_bytes="1073741824"',
+                                  'kv_cache_memory_bytes="None"')
     [m] = run(text).derived.engine_memory
     assert m.kv_cache_bytes is None and m.kv_cache_tokens == 2048 and m.other_bytes is None
 

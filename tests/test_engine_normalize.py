@@ -187,7 +187,9 @@ def test_llamacpp_exponent_values_and_old_kv_gauge():
 
 def test_triton_with_tensorrt_llm():
     r = reading("triton-trtllm.prom")
-    assert (r.generation, r.model) == ("triton-trtllm", "tensorrt_llm")
+    # Triton serves several models: none of them is the engine's, each group has its own
+    assert (r.generation, r.model, r.model_label) == ("triton-trtllm", "", "model")
+    assert r.group_models["model=tensorrt_llm,version=1"] == "tensorrt_llm"
     assert (r.requests_running, r.requests_waiting) == (6, 5)  # TRT-LLM active / waiting
     assert r.kv_cache_usage_ratio == 0.2
     # queue mean of the LLM model only: 3.6 s over 120 requests
@@ -204,7 +206,9 @@ def test_triton_core_only_and_kv_from_blocks():
     assert r.generation == "triton" and r.requests_running is None
     assert r.requests_waiting == 3  # pending requests, all models
     assert r.kv_cache_usage_ratio is None
-    assert r.model == "ensemble,postprocessing,preprocessing,tensorrt_llm"
+    assert r.model == "" and r.models_loaded == 4
+    assert sorted(set(r.group_models.values())) == [
+        "ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
     assert sum(g[c.QUEUE_COUNT] for g in r.counters.values()) == 480
     no_fraction = "\n".join(x for x in fixture("triton-trtllm.prom").splitlines()
                             if "fraction" not in x)

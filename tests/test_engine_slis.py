@@ -13,8 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from gpuwatch.exporter.families import engines as family
+from gpuwatch.exporter.families import serving
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.state_json import state_document
+from gpuwatch.exposition.layout import LE_LABELS
 from gpuwatch.model import EngineSample, Tick
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
@@ -39,8 +41,9 @@ def run(*texts: str, t0: float = 0.0, step: float = 30.0):
 
 def exported(derived: Derived) -> dict[str, list]:
     registry = CollectorRegistry()
+    snap = Snapshot(derived=derived)
     registry.register(type("C", (), {
-        "collect": lambda self: family.collect(Snapshot(derived=derived))})())
+        "collect": lambda self: [*family.collect(snap), *serving.collect(snap)]})())
     out: dict[str, list] = {}
     for fam in text_string_to_metric_families(generate_latest(registry).decode()):
         for s in fam.samples:
@@ -61,9 +64,9 @@ def buckets(body: str, name: str) -> tuple[tuple[float, ...], list[float]]:
 
 
 @pytest.mark.parametrize(("sli", "engine_name", "metric"), [
-    ("ttft", "vllm:time_to_first_token_seconds", "gpuwatch_engine_time_to_first_token_seconds"),
-    ("itl", "vllm:inter_token_latency_seconds", "gpuwatch_engine_inter_token_latency_seconds"),
-    ("e2e", "vllm:e2e_request_latency_seconds", "gpuwatch_engine_e2e_request_latency_seconds"),
+    ("ttft", "vllm:time_to_first_token_seconds", "gpuwatch_engine_time_to_first_token"),
+    ("itl", "vllm:inter_token_latency_seconds", "gpuwatch_engine_inter_token_latency"),
+    ("e2e", "vllm:e2e_request_latency_seconds", "gpuwatch_engine_e2e_request_latency"),
 ])
 def test_vllm_quantiles_are_histogram_quantile_of_bucket_increases(sli, engine_name, metric):
     first = text("vllm-0.33.0-statlogger.prom")
@@ -74,16 +77,28 @@ def test_vllm_quantiles_are_histogram_quantile_of_bucket_increases(sli, engine_n
     assert deltas[-1] > 0
     derived = run(first, later)
     st = derived.engines["e"]
-    got = exported(derived)[metric]
-    by_q = {lab["quantile"]: v for lab, v in got if "quantile" in lab}
+    got = exported(derived)
+    by_q = {lab["quantile"]: v for lab, v in got[metric + "_window_seconds"]}
     assert set(by_q) == {"0.5", "0.95", "0.99"}
     for q, v in by_q.items():
         assert v == pytest.approx(histogram_quantile(float(q), bounds, deltas))
     assert st.sli_requests_in_window[sli] == deltas[-1]
-    # count and sum are the engine's cumulative ones
-    count = next(v for _, v in exported(derived)[metric + "_count"])
-    assert count == c1[-1]
+    # count and sum are the engine's cumulative ones, the mean the window's
+    assert next(v for _, v in got[metric + "_seconds_count"]) == c1[-1]
+    _, s0 = buckets_sum(first, engine_name)
+    _, s1 = buckets_sum(later, engine_name)
+    assert next(v for _, v in got[metric + "_mean_seconds"]) == pytest.approx(
+        (s1 - s0) / deltas[-1])
+    # the buckets on gpuwatch's layout, cumulative, ending in the engine's count
+    mapped = [v for _, v in got[metric + "_seconds_bucket"]]
+    assert len(mapped) == len(LE_LABELS) and mapped == sorted(mapped) and mapped[-1] == c1[-1]
     assert st.sli_source[sli] == engine_name
+
+
+def buckets_sum(body: str, name: str) -> tuple[float, float]:
+    values = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples
+              if s.name in (name + "_count", name + "_sum")}
+    return values[name + "_count"], values[name + "_sum"]
 
 
 @pytest.mark.parametrize("base", GENERATED)
@@ -164,7 +179,9 @@ def test_triton_gives_a_mean_e2e_latency_and_an_error_ratio_from_the_real_server
     assert "gpuwatch_engine_e2e_request_latency_mean_seconds" in got
     assert got["gpuwatch_engine_e2e_request_latency_seconds_count"][0][1] == 43
     assert got["gpuwatch_engine_e2e_request_latency_seconds_sum"][0][1] == pytest.approx(1.297512)
-    assert "gpuwatch_engine_e2e_request_latency_seconds" not in got  # no quantiles
+    # no quantiles of gpuwatch's own, and only the +Inf bucket
+    assert got["gpuwatch_engine_e2e_request_latency_seconds_bucket"] == [
+        ({"engine": "e", "kind": "triton", "model": "scale", "le": "+Inf"}, 43)]
     assert st.requests_finished_total.keys() == {"ok", "abort", "error"}
     assert st.request_error_ratio == 0.0
     assert "gpuwatch_engine_time_to_first_token_seconds" not in got
@@ -255,7 +272,7 @@ def test_a_real_vllm_server_under_load_moves_the_slis(idle):
     assert "vllm:estimated_flops_per_gpu" in st.unread_families
 
 
-def test_the_real_llamacpp_server_counts_tokens_and_has_no_latency_slis():
+def test_the_real_llamacpp_server_counts_tokens_and_its_mean_times_per_token():
     names = [f"llamacpp-0.3.36-real-{p}.prom" for p in ("idle", "load", "after")]
     derived = run(*(text(n) for n in names))
     st = derived.engines["e"]
@@ -268,7 +285,20 @@ def test_the_real_llamacpp_server_counts_tokens_and_has_no_latency_slis():
     assert st.generation_tokens_total == total(last, "llamacpp:tokens_predicted_total") > 0
     assert st.prompt_tokens_total == total(last, "llamacpp:prompt_tokens_total") + total(
         last, "llamacpp:prompt_tokens_cached_total") > 0
-    assert st.sli_quantiles_seconds == {} and st.sli_mean_seconds == {}
+    # no histogram, so no quantiles; the time per token it decoded and per prompt token it
+    # processed over the window, from its own seconds and token counters
+    assert st.sli_quantiles_seconds == {}
+    prev = text(names[0])  # the window (300 s) holds all three scrapes
+
+    def per_token(seconds, tokens):
+        return (total(last, seconds) - total(prev, seconds)) / (
+            total(last, tokens) - total(prev, tokens))
+
+    assert st.sli_mean_seconds["itl"] == pytest.approx(per_token(
+        "llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total"))
+    assert st.sli_mean_seconds["ptpt"] == pytest.approx(per_token(
+        "llamacpp:prompt_seconds_total", "llamacpp:prompt_tokens_total"))
+    assert 1e-5 < st.sli_mean_seconds["itl"] < 0.01
     assert "no time to first token" in st.missing["ttft"]
     assert "llamacpp:n_decode" in st.unread_families
 
@@ -281,7 +311,8 @@ def test_tgi_e2e_and_per_request_tpot_from_its_router_histograms():
     st = derived.engines["e"]
     assert st.up, st.reason
     assert st.sli_source == {"e2e": "tgi_request_duration",
-                             "itl": "tgi_request_mean_time_per_token_duration (per-request TPOT)"}
+                             "itl": "tgi_request_mean_time_per_token_duration (per-request TPOT)",
+                             "queue": "tgi_request_queue_duration"}
     # the window: 10 requests of 1.2 s, 6 of 3.5 s, 4 of 20 s. p50: the 10th of 20 is the
     # last in (1.122, 1.683], p95: the 19th in (19.18, 28.76], 3 of its 4
     e2e = st.sli_quantiles_seconds["e2e"]

@@ -238,20 +238,54 @@ def test_scan_finds_a_real_engine_process_and_its_children():
 def test_discovery_attaches_pids_and_starts_and_stops_engines():
     async def go():
         configured = EngineConfig(name="mine", url="http://localhost:8000/metrics")
-        src = EngineSource([configured], DiscoveryConfig(enabled=True))
+        src = EngineSource([configured], DiscoveryConfig(enabled=True, expect_gone_seconds=60))
+        clock = [1000.0]
+        src.monotonic = lambda: clock[0]
         found = [discovery.Found("vllm", "http://127.0.0.1:8000/metrics", [10, 11]),
                  discovery.Found("sglang", "http://127.0.0.1:39999/metrics", [20])]
         src.apply_discovery(found, lambda s: None)
         pids = dict(src.pids)
         started = sorted(src._tasks)
+        # its process is gone: still scraped (down) for as long as it was expected
+        src.apply_discovery([], lambda s: None)
+        clock[0] += 59
+        src.apply_discovery([], lambda s: None)
+        kept = sorted(src._tasks)
+        clock[0] += 1
         src.apply_discovery([], lambda s: None)
         await asyncio.sleep(0)
         left = sorted(src._tasks)
-        return pids, started, left
+        return pids, started, kept, left
 
-    pids, started, left = asyncio.run(go())
+    pids, started, kept, left = asyncio.run(go())
     assert pids == {"mine": [10, 11], "sglang-39999": [20]}
-    assert started == ["sglang-39999"] and left == []
+    assert started == ["sglang-39999"] and kept == ["sglang-39999"] and left == []
+
+
+def test_a_discovered_engine_that_comes_back_is_the_same_engine():
+    async def go():
+        src = EngineSource([], DiscoveryConfig(enabled=True))
+        vllm = discovery.Found("vllm", "http://127.0.0.1:8000/metrics", [10])
+        src.apply_discovery([vllm], lambda s: None)
+        task = src._tasks["vllm-8000"]
+        src.apply_discovery([], lambda s: None)  # crashed
+        assert "vllm-8000" in src._gone_since
+        src.apply_discovery([discovery.Found("vllm", vllm.url, [30])], lambda s: None)
+        same = src._tasks["vllm-8000"] is task and not src._gone_since
+        for t in src._tasks.values():
+            t.cancel()
+        return same, dict(src.pids)
+
+    same, pids = asyncio.run(go())
+    assert same and pids == {"vllm-8000": [30]}
+
+
+def test_tritons_version_comes_from_its_http_port():
+    argv = ["tritonserver", "--model-repository", "/m", "--http-port", "8010",
+            "--metrics-port", "8012"]
+    assert discovery.info_url("triton", argv) == "http://127.0.0.1:8010/v2"
+    assert discovery.info_url("triton", [*argv, "--allow-http=false"]) == ""
+    assert discovery.info_url("vllm", ["vllm", "serve"]) == ""
 
 
 def test_configured_local_engines_get_the_listening_process_pids():
@@ -434,3 +468,47 @@ def test_huge_garbage_and_stalling_endpoints_do_not_make_a_healthy_one_late():
     assert big1.error is None and big1.reading[0].ranks == 20_000  # max_series lines read
     assert "binary response" in by_name["e-garbage"].error
     assert "within 1s" in by_name["e-slowloris"].error
+
+
+def test_the_version_comes_from_the_engines_info_endpoint_bounded():
+    calls = []
+
+    async def metrics(request):
+        return web.Response(text=VLLM)
+
+    async def version(request):
+        calls.append(request.headers.get("Authorization"))
+        return web.json_response({"version": "0.33.0\x1b[31m"})
+
+    samples = asyncio.run(run_source(
+        {"/metrics": metrics, "/version": version},
+        lambda port: [cfg(port, interval_seconds=0.2, bearer_token="tok")], 5.0))
+    assert len(samples) >= 2 and samples[-1].info == {"version": "0.33.0[31m"}  # no ESC
+    assert calls and set(calls) == {"Bearer tok"}  # the endpoint's own session
+    assert len(calls) == 1  # once while it stays up, not on every scrape
+
+
+def test_info_answers_that_are_not_what_was_asked_are_no_info():
+    from gpuwatch.sources import engine_info as info
+
+    props = {"build_info": "b6100-1a2b", "model_path": "/models/tiny-llama.gguf",
+             "total_slots": 2}
+    assert info.parse("llamacpp", json_bytes(props)) == {"version": "b6100-1a2b",
+                                                         "model": "tiny-llama.gguf"}
+    assert info.parse("llamacpp", json_bytes({**props, "model_alias": "tiny"}))["model"] == "tiny"
+    assert info.parse("llamacpp", json_bytes({**props, "model_alias": "/m/a.gguf"}))[
+        "model"] == "a.gguf"  # the alias defaults to the path
+    assert info.parse("tgi", json_bytes({"version": "3.0.1", "model_id": "org/m"})) == {
+        "version": "3.0.1", "model": "org/m"}
+    for body in (b"<html>", b"[1, 2]", b"[" * 100000, json_bytes({"version": {"x": 1}}),
+                 json_bytes({"version": True})):
+        assert info.parse("vllm", body) == {}
+    assert len(info.parse("vllm", json_bytes({"version": "9" * 10000}))["version"]) == 64
+    assert info.url_for("triton", "http://h:8002/metrics") is None
+    assert info.url_for("vllm", "https://h:8000/metrics?x=1") == "https://h:8000/version"
+
+
+def json_bytes(doc) -> bytes:
+    import json
+
+    return json.dumps(doc).encode()

@@ -23,7 +23,7 @@ from tests.helpers import Proc, child_env, wait_until
 pytestmark = pytest.mark.slow
 
 ABUSES = ("garbage", "prose", "huge", "bomb", "slowloris", "insane", "backwards",
-          "duplicate", "replicas", "churn")
+          "duplicate", "replicas", "blind_replicas", "churn")
 COUNTER_MAX = 2.0**53
 MAX_QUEUE_SECONDS = 86400.0
 
@@ -199,6 +199,10 @@ def test_abusive_endpoints_leave_the_daemon_and_a_healthy_engine_alone(abusive, 
     assert engines["huge"]["up"] and engines["huge"]["requests_running"] == 3, engines["huge"]
     # replicas are reported, not restarts; the churn is capped
     assert engines["replicas"]["replicas"] == 2 and engines["replicas"]["restarts_detected"] == 0
+    # without a start time they are ambiguous: nothing derived, no restart storm
+    blind = engines["blind_replicas"]
+    assert blind["up"] and blind["ambiguous"] and blind["restarts_total"] <= 1, blind
+    assert blind["preemption_rate_per_second"] is None and blind["preemptions_total"] is None
     assert engines["churn"]["series_groups"] <= 512 and engines["churn"]["limit"]
     assert w.state_bytes < 1_000_000
     growth = w.growth(warm=30)  # engine windows fill for their first minutes

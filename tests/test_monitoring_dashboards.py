@@ -202,7 +202,7 @@ def test_hit_ratios_are_ratios_of_summed_counters():
         for t in p["targets"]:
             assert "avg" not in t["expr"], p["title"]
             for metric in re.findall(r"\b(?:rate|irate|increase)\((\w+)", t["expr"]):
-                assert metric.endswith("_total"), (p["title"], t["expr"])
+                assert metric.endswith(("_total", "_bucket")), (p["title"], t["expr"])
 
 
 def test_command_line_imports_neither_grafanalib_nor_yaml():

@@ -25,6 +25,8 @@ warmup_settle_seconds = 10.0
 warmup_max_seconds = 30.0
 """
 FAST_SIGNALS = FAST_LIFECYCLE + """
+[signals.kv_cache]
+floor = 0.2
 [signals.leak]
 block_seconds = 5.0
 max_floor_window_seconds = 20.0
@@ -57,7 +59,7 @@ def _rule_files(tmp_path, pending: str | None = None, p: rules.RuleParams | None
 def _dashboard_queries(address: str) -> list[tuple[str, str, str, bool]]:
     """(dashboard, panel, PromQL with the variables filled in, instant) of every target."""
     values = {"$job": "gpuwatch", "$instance": address, "$gpu": ".*", "$engine": ".*",
-              "$model": ".*", "$namespace": ".*", "$pod": ".*", "$cluster": ".*",
+              "$model": ".*", "$cluster": ".*", "$namespace": ".*", "$pod": ".*",
               "$__rate_interval": RATE_INTERVAL, "$__range": RANGE}
     out = []
     for path in sorted((REPO / "dashboards").glob("*.json")):

@@ -108,3 +108,20 @@ def test_horizon_is_configurable():
         "critical_seconds": 10 * 86400, "warning_seconds": 20 * 86400}}})
     events, _ = run_leak(30 * MIB / 60, 10 * GIB, 3600 + 45 * 60, cfg=cfg)
     assert [e.severity for e in events if e.signal == "time_to_oom"] == ["critical"]
+
+
+def test_a_request_larger_than_the_gpu_is_not_called_a_full_gpu():
+    # On the H200: a 279.6 GiB request failed with 138.3 GiB of 139.8 GiB free.
+    from gpuwatch.model import OomSample
+    from gpuwatch.signals.process_oom import message
+
+    gib = 1 << 30
+    huge = OomSample(pid=9, t=1.0, name="python3", request_bytes=int(279.6 * gib),
+                     device_free_bytes=int(138.3 * gib), device_total_bytes=int(139.8 * gib),
+                     reserved_bytes=gib, cause="full", outcome="caught")
+    text = message(huge, 0, None, None)
+    assert "larger than the whole GPU" in text and "was full" not in text
+    full = OomSample(pid=9, t=1.0, name="python3", request_bytes=256 << 20,
+                     device_free_bytes=37 << 20, device_total_bytes=int(139.8 * gib),
+                     reserved_bytes=139 * gib, cause="full", outcome="raised")
+    assert "the GPU was full (this process reserved 139.00 GiB)" in message(full, 0, None, None)

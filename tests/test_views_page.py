@@ -96,6 +96,12 @@ def test_mixed_host_page(daemon, browser, tmp_path):
                        ".textContent")
     assert re.fullmatch(r"\d+ %", shown), shown
     assert abs(int(shown.split()[0]) - 100 * sim["kv_cache_hit_ratio"]) <= 3
+    # its serving SLIs, one row per model: TTFT p95, tokens/s, errors as each side saw them
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    row = browser.js(f"return document.querySelector('tr.serving[data-model=\"{model}\"]')"
+                     ".textContent")
+    assert re.search(r"TTFT p95 [\d.]+ m?s · ITL p95 .* · E2E p95 .* · \d+ tok/s · errors "
+                     r"client [\d.]+ % · engine [\d.]+ %", " ".join(row.split())), row
 
     # no layout jumps: the GPU cards stay where they are across refreshes
     def boxes():

@@ -22,7 +22,10 @@ from tests.browser import Browser
 from tests.helpers import REPO, StaticServer, wait_until
 
 pytestmark = pytest.mark.integration
-VLLM = (REPO / "tests" / "fixtures" / "engines" / "vllm-0.32.0-cpu-real-load.prom").read_text()
+# the real capture, with the KV pool sized in bytes by the operator (the capture forced its
+# block count instead, and then its kv_cache_memory_bytes is not the pool)
+VLLM = (REPO / "tests" / "fixtures" / "engines" / "vllm-0.32.0-cpu-real-load.prom").read_text() \
+    .replace('num_gpu_blocks_override="16"', 'num_gpu_blocks_override="None"')
 
 
 def state_of_the_fixture() -> dict:

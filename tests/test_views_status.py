@@ -111,6 +111,14 @@ def test_plain_in_a_pipe(daemon):
     hit = re.search(r"vllm-sim-0\s+vllm\s+up\s+.*hit (\d+) %", out)
     ratio = state["signals"]["engines"]["vllm-sim-0"]["kv_cache_hit_ratio"]
     assert hit and abs(int(hit.group(1)) - 100 * ratio) <= 3
+    # the serving SLIs under the engine, for its model: p95s, tokens/s, both error ratios
+    sli = re.search(r"^\s+meta-llama/Llama-3.1-8B-Instruct: TTFT p95 ([\d.]+ m?s) · ITL "
+                    r"p95 [\d.]+ m?s · E2E p95 [\d.]+ m?s · (\d+) tok/s · errors client "
+                    r"([\d.]+) % engine ([\d.]+) %$", out, re.M)
+    assert sli, out
+    eng = state["signals"]["engines"]["vllm-sim-0"]
+    assert abs(int(sli.group(2)) - eng["generation_tokens_per_second"]) <= 0.05 * eng[
+        "generation_tokens_per_second"] + 1
     active = state["active_events"]
     assert all(e["signal"] in out for e in active) if active else "ACTIVE EVENTS  none" in out
 

@@ -148,10 +148,11 @@ def curl(url: str, *args: str) -> tuple[int, str]:
     return r.returncode, r.stdout.strip()
 
 
-def start(daemon, pki, doc, *extra):
+def start(daemon, pki, doc, *extra, config_toml=None):
     web = write_web(pki["dir"] / f"web-{time.monotonic_ns()}.yml", doc)
     d = daemon("--simulate", "steady", "--web-config", str(web), *extra,
-               env={"GPUWATCH_WEBHOOK_TOKEN": "hook-token-91c2"}, wait_ready=False)
+               env={"GPUWATCH_WEBHOOK_TOKEN": "hook-token-91c2"}, wait_ready=False,
+               config_toml=config_toml)
     d.https = f"https://{d.address}"
     return d
 
@@ -167,7 +168,8 @@ def wait_https(d, *args: str) -> None:
 @pytest.mark.integration
 def test_prometheus_scrapes_over_tls_with_basic_auth_and_curl_needs_credentials(
         daemon, prometheus, pki):
-    d = start(daemon, pki, tls_doc(pki))
+    # More failed logins than one address may make by default (tests/test_hostile_net.py).
+    d = start(daemon, pki, tls_doc(pki), config_toml="[http]\nauth_failures_per_minute = 0\n")
     ca = ["--cacert", str(pki["ca"])]
     creds = [*ca, "-u", f"{USER}:{PASSWORD}"]
     wait_https(d, *creds)

@@ -63,6 +63,9 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     bearer_token: str = ""
     # engine_down fires after this many consecutive failed scrapes (engine_up drops at once).
     down_after_failures: PositiveInt = DEFAULT_DOWN_AFTER_FAILURES
+    # Where the engine says its version (and model): "" derives it from url for the kinds
+    # that serve it on the metrics port; Triton serves it on its HTTP port (/v2).
+    info_url: str = ""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -75,12 +78,32 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 f"kind: must be one of auto, {', '.join(KINDS)} (got {self.kind!r})"
             )
         check_url(self.url)
+        if self.info_url:
+            try:
+                check_url(self.info_url)
+            except ValueError as exc:
+                raise ValueError("info_url: " + str(exc).removeprefix("url: ")) from None
         for key in self.headers:
             if not key or any(c in key for c in ":\r\n "):
                 raise ValueError(f"headers: {key!r} is not a valid header name")
         for key, value in self.headers.items():
             if "\r" in value or "\n" in value:
                 raise ValueError(f"headers: value of {key!r} contains a line break")
+        self._one_authorization()
+
+    def _one_authorization(self) -> None:
+        """URL credentials, bearer_token and an Authorization header all become the one
+        Authorization header: with two of them the HTTP client refuses every request, so
+        the engine would pass validation and then be down at runtime."""
+        parts = urlsplit(self.url)
+        given = [what for what, present in (
+            ("credentials in the url", parts.username is not None or parts.password is not None),
+            ("bearer_token", bool(self.bearer_token)),
+            ("an Authorization header", any(k.lower() == "authorization" for k in self.headers)),
+        ) if present]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} would both be sent as the Authorization "
+                             "header: give only one")
 
 
 class DiscoveryConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -102,6 +125,10 @@ class DiscoveryConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # its series disappear and its events resolve. Configured engines are scraped for as
     # long as the daemon runs, so in practice this only retires discovered engines.
     forget_after_seconds: PositiveFloat = DEFAULT_FORGET_ENGINE_AFTER_SECONDS
+    # A discovered engine whose process has left the process table is still scraped (and
+    # so reported down, engine_down firing) for this long: it was expected to serve, and
+    # its absence must page. Then it is forgotten.
+    expect_gone_seconds: PositiveFloat = 3600.0
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]

@@ -23,6 +23,7 @@ class Found:
     kind: str
     url: str
     pids: list[int] = field(default_factory=list)
+    info_url: str = ""  # where it says its version, when not on the metrics port (Triton)
 
     @property
     def name(self) -> str:
@@ -121,6 +122,18 @@ def match_cmdline(argv: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def info_url(kind: str, argv: list[str]) -> str:
+    """Where an engine says its version when that is not its metrics port: Triton's HTTP
+    endpoint (/v2), from --http-address and --http-port (default 8000)."""
+    if kind != "triton":
+        return ""
+    allow = (_opt(argv, "--allow-http") or "true").lower()
+    if allow in ("false", "0", "no"):
+        return ""
+    return _url(_host(_opt(argv, "--http-address")), _port(_opt(argv, "--http-port"), 8000),
+                path="/v2") or ""
+
+
 def _descendants(proc: psutil.Process) -> list[int]:
     try:
         return [p.pid for p in proc.children(recursive=True)]
@@ -161,7 +174,7 @@ def scan(kinds: list[str] | tuple[str, ...] = ()) -> list[Found]:
         if match is None or (kinds and match[0] not in kinds):
             continue
         kind, url = match
-        found = by_url.setdefault(url, Found(kind=kind, url=url))
+        found = by_url.setdefault(url, Found(kind=kind, url=url, info_url=info_url(kind, argv)))
         found.pids.extend([proc.pid, *_descendants(proc)])
     for found in by_url.values():
         found.pids = sorted(set(found.pids))

@@ -5,7 +5,8 @@ Rendering every tick would spend that on states nobody reads when Prometheus scr
 15 s and the daemon ticks every second; rendering only when asked would put it on the scrape.
 So the renderer learns the scrape period and renders on the tick just before the next scrape
 is due: a scrape finds its bytes ready (at most a tick and a half old), and the daemon renders
-once per scrape.
+once per scrape. Bytes rendered ahead are never served over a newer engine scrape: the
+engine's series change once per engine scrape and show from the next Prometheus scrape on.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ AHEAD_MAX_AGE_TICKS = 1.5
 class Renderer:
     def __init__(self, clock=time.monotonic) -> None:
         self.collector = SnapshotCollector()
-        self._cache: tuple[int, bytes, float] | None = None  # version, bytes, rendered at
+        # version, bytes, rendered at, engine version
+        self._cache: tuple[int, bytes, float, int] | None = None
         self._clock = clock
         self._scrapes: collections.deque[float] = collections.deque(maxlen=SCRAPES_KEPT)
         self._tick = 0.0
@@ -89,7 +91,8 @@ class Renderer:
         cache, ahead = self._cache, self._ahead
         self._ahead = False
         if cache is not None and cache[0] != snap.version and ahead and (
-                now - cache[2] <= AHEAD_MAX_AGE_TICKS * self._tick):
+                now - cache[2] <= AHEAD_MAX_AGE_TICKS * self._tick) and (
+                cache[3] == snap.engine_version):  # an engine scrape since: render it
             return cache[1]
         if cache is None or cache[0] != snap.version:
             self.renders_on_scrape += 1
@@ -123,6 +126,6 @@ class Renderer:
             return self._cache[1]
         self.collector.snapshot = snap
         body = exposition(self.collector.collect())
-        self._cache = (snap.version, body, self._clock())
+        self._cache = (snap.version, body, self._clock(), snap.engine_version)
         self.renders += 1
         return body

@@ -5,7 +5,9 @@ The daemon serves a few GET endpoints from bytes it rendered ahead and one bound
 Alertmanager webhook). A full web framework costs ten times the memory of everything else
 it imports, so this is the little it needs: routes, middlewares (basic auth, headers) and
 bounds on everything a client controls: header size, body size, time to send a request,
-idle keep-alive, and the number of open connections.
+idle keep-alive; what a remote party may hold open (connections, per client, the TLS
+handshake and the first request's deadline, descriptors) is the listener's
+(exporter/listener.py), which accepts for this server.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import NamedTuple
 
 import h11
 import msgspec
+
+from gpuwatch.exporter.listener import STOP_WAIT_SECONDS, Limits, Listener
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +170,13 @@ def _bind(mw: Middleware, inner: Handler) -> Handler:
 
 
 class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 keepalive: float = KEEPALIVE_TIMEOUT, write_timeout: float = WRITE_TIMEOUT
+                 ) -> None:
         self.reader, self.writer = reader, writer
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         self.close_after = False
+        self.keepalive, self.write_timeout = keepalive, write_timeout
 
     async def _receive(self, timeout: float) -> None:
         data = await asyncio.wait_for(self.reader.read(READ_CHUNK), timeout)
@@ -184,7 +191,7 @@ class _Connection:
             if event is h11.NEED_DATA:
                 if deadline is None and self.h11.trailing_data[0]:
                     deadline = loop.time() + REQUEST_TIMEOUT
-                timeout = KEEPALIVE_TIMEOUT if deadline is None else deadline - loop.time()
+                timeout = self.keepalive if deadline is None else deadline - loop.time()
                 if timeout <= 0:
                     raise TimeoutError
                 try:
@@ -238,13 +245,14 @@ class _Connection:
     async def _send(self, data: bytes | None) -> None:
         if data:
             self.writer.write(data)
-            await asyncio.wait_for(self.writer.drain(), WRITE_TIMEOUT)
+            await asyncio.wait_for(self.writer.drain(), self.write_timeout)
 
     async def respond(self, resp: Response, head: bool = False) -> None:
         headers = [(k, v) for k, v in resp.headers.items()
                    if k.lower() not in ("content-length", "connection")]
         headers.append(("Content-Length", str(len(resp.body))))
-        if self.close_after or self.h11.their_state is not h11.DONE:
+        if self.close_after or self.h11.their_state is not h11.DONE or (
+                resp.headers.get("Connection", "").lower() == "close"):
             # a body we did not read (too large, or not wanted) is not parsed as a request
             self.close_after = True
             headers.append(("Connection", "close"))
@@ -264,52 +272,75 @@ class _Connection:
 
 
 class Server:
-    """app served on host:port (all interfaces when host is empty), TLS when ssl is given."""
+    """app served on host:port (all interfaces when host is empty), TLS when ssl is given.
+    limits: the listener's (default: MAX_CONNECTIONS, and the rest of Limits' defaults);
+    refusals: the guard's, for the listener's periodic log line."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, limits: Limits | None = None, *,
+                 keepalive_timeout: float | None = None,
+                 refusals: Callable[[], dict[str, int]] | None = None) -> None:
         self.app = app
-        self._server: asyncio.Server | None = None
+        self.limits = limits
+        self.keepalive = keepalive_timeout
+        self.refusals = refusals
+        self.listener: Listener | None = None
         self._open: set[asyncio.Task] = set()
 
     async def start(self, host: str | None, port: int, ssl=None) -> None:
-        self._server = await asyncio.start_server(self._serve, host or None, port,
-                                                  ssl=ssl, reuse_address=True,
-                                                  limit=READ_CHUNK)
+        limits = self.limits or Limits(max_connections=MAX_CONNECTIONS,
+                                       write_timeout_seconds=WRITE_TIMEOUT)
+
+        def protocol() -> asyncio.Protocol:
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=READ_CHUNK),
+                                                self._connected)
+        self.listener = Listener(protocol, ssl_context=ssl, limits=limits,
+                                 refusals=self.refusals)
+        await self.listener.start(host or "", port)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        assert self.listener is not None
+        return self.listener.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for task in list(self._open):
+        if self.listener is not None:
+            await self.listener.stop_accepting()
+            tasks = list(self._open)
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._open, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
-            self._server = None
+            if tasks:
+                await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
+            self.listener.close_all()  # what is left, lingering in TLS shutdowns say
+            self.listener = None
+
+    def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A task of our own, not the coroutine handed back to asyncio: Python 3.11's stream
+        # callback logs a connection task that ends cancelled (a stop) as a traceback.
+        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
+        self._open.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._open.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("HTTP connection failed", exc_info=task.exception())
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if len(self._open) >= MAX_CONNECTIONS:
-            writer.close()  # a flood of idle connections does not grow memory
-            return
-        if task is not None:
-            self._open.add(task)
-        conn = _Connection(reader, writer)
+        limits = self.listener.limits if self.listener else Limits()
+        conn = _Connection(reader, writer, self.keepalive or KEEPALIVE_TIMEOUT,
+                           limits.write_timeout_seconds)
         peer = writer.get_extra_info("peername")
         remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         try:
             await self._requests(conn, remote)
+        except asyncio.CancelledError:
+            writer.transport.abort()  # stopping: the connection goes at once
+            raise
         except (TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
             pass
         except h11.ProtocolError as exc:
             await self._reject(conn, exc)
         finally:
-            if task is not None:
-                self._open.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)

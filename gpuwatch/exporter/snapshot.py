@@ -24,6 +24,8 @@ class SourceStatus:
 @dataclass(frozen=True)
 class Snapshot:
     version: int = 0
+    # engine ticks published so far: pre-rendered bytes never hide a newer engine scrape
+    engine_version: int = 0
     tick: Tick | None = None
     derived: Derived = field(default_factory=Derived)
     sources: dict[str, SourceStatus] = field(default_factory=dict)

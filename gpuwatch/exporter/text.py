@@ -8,6 +8,7 @@ byte what generate_latest writes (tests/test_exporter_text.py checks it).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from gpuwatch.exporter.metric import Metric, float_to_go_string
@@ -18,11 +19,25 @@ _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram",
           "gaugehistogram": "histogram"}
 
 
+# What the format escapes (backslash, quote, newline), and what it does not but readers split
+# lines on: a raw CR passes promtool and breaks prometheus_client reading a file or a socket
+# (universal newlines), and str.splitlines() also splits on VT, FF, FS-RS, NEL, LS and PS.
+_UNSAFE = re.compile(r'[\\"\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]')
+_ESCAPES = {"\\": r"\\", '"': r'\"', "\n": r"\n", "\r": r"\\r"}
+
+
+def _escape_char(m: re.Match) -> str:
+    c = m.group()
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    # Not in the format: written as visible text (an escaped backslash, then x0b), which
+    # Prometheus and prometheus_client both read back as that text.
+    return f"\\\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\\\u{ord(c):04x}"
+
+
 def _escape(v: str) -> str:
     v = valid(v)  # once per label set (see below): one bad value never fails the scrape
-    if "\\" in v or "\n" in v or '"' in v:
-        return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-    return v
+    return _UNSAFE.sub(_escape_char, v) if _UNSAFE.search(v) else v
 
 
 def exposition(metrics: Iterable[Metric]) -> bytes:

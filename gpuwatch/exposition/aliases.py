@@ -39,11 +39,15 @@ ROLES = {
     "itl": "inter-token latency",
     "tpot": "time per output token (per request)",
     "e2e": "end-to-end request latency",
+    "ptpt": "time per prompt token",
     "prompt_tokens": "prompt tokens",
     "generation_tokens": "generated tokens",
     "finished": "finished requests by reason",
     "failed": "failed requests",
     "waiting_by_reason": "waiting requests by reason",
+    "client_requests": "HTTP status counter",
+    "latency_summary": "the engine's own windowed latency quantiles",
+    "server": "server families written with or without a model loaded",
     # read by the engine modules (gpuwatch/exposition/*)
     "running": "running requests",
     "waiting": "waiting requests",
@@ -116,6 +120,12 @@ VLLM = (
           shape="counter"),
     Alias("vllm:request_success", "finished", source=V_LOGGERS, fixture=V033,
           shape="counter"),
+    # Its API server's HTTP layer (prometheus-fastapi-instrumentator, status grouped as
+    # 2xx/4xx/5xx): the requests it rejects (400, 404) never reach the engine's counters,
+    # and a client that goes away is still a 2xx there (vLLM counts aborts nowhere).
+    Alias("http_requests", "client_requests",
+          source="vllm/entrypoints/serve/instrumentator/metrics.py",
+          fixture="vllm-0.32.0-cpu-real-client.prom", shape="counter"),
     # NIM only (its request_failure_total, read through the NIM renaming below)
     Alias("vllm:request_failure", "failed", source="NIM_REQUEST_FAILURE_TOTAL in NVIDIA "
           "Run:ai's NIM observability metrics", fixture="nim-llm-1.x.prom", shape="counter"),
@@ -182,12 +192,19 @@ LLAMACPP = (
           fixture=LC_FIX, shape="counter"),
     Alias("llamacpp:tokens_predicted", "generation_tokens", source=LC_DOC,
           fixture=LC_FIX, shape="counter"),
+    # the time spent decoding over the tokens decoded: the mean inter-token latency (the
+    # server's own timings say the same), and the prompt's per processed token
+    Alias("llamacpp:tokens_predicted_seconds", "itl", source=LC_DOC, fixture=LC_FIX,
+          shape="sum", count="llamacpp:tokens_predicted"),
+    Alias("llamacpp:prompt_seconds", "ptpt", source=LC_DOC, fixture=LC_FIX, shape="sum",
+          count="llamacpp:prompt_tokens"),
     Alias("llamacpp:kv_cache_usage_ratio", "kv_usage", removed="unknown",
           source="llama.cpp PR #13660 removed the KV-cache gauges (listed in #22879)",
           fixture="", shape="gauge"),
 )
 
 TR_DOC = "triton-inference-server docs/user_guide/metrics.md"
+TR_REAL = "triton-2.51-pytriton-0.7.0-real-after.prom"
 TRT_DOC = "tensorrtllm_backend README (nv_trt_llm_*); llm-d model-servers contract (#546)"
 TRITON = (
     Alias("nv_inference_pending_request_count", "waiting", source=TR_DOC,
@@ -202,6 +219,13 @@ TRITON = (
           fixture="triton-trtllm.prom", shape="counter"),
     Alias("nv_inference_request_failure", "failed", source=TR_DOC,
           fixture="triton-trtllm.prom", shape="counter"),
+    Alias("nv_inference_request_summary_us", "latency_summary", source=TR_DOC,
+          fixture=TR_REAL, shape="summary", scale=1e-6),
+    Alias("nv_inference_queue_summary_us", "latency_summary", source=TR_DOC,
+          fixture=TR_REAL, shape="summary", scale=1e-6),
+    Alias("nv_pinned_memory_pool_total_bytes", "server", source=TR_DOC, fixture=TR_REAL,
+          shape="gauge"),
+    Alias("nv_cpu_utilization", "server", source=TR_DOC, fixture=TR_REAL, shape="gauge"),
     Alias("nv_trt_llm_request_metrics", "running", source=TRT_DOC,
           fixture="triton-trtllm.prom", shape="gauge"),
     Alias("nv_trt_llm_kv_cache_block_metrics", "kv_usage", source=TRT_DOC,
@@ -226,6 +250,11 @@ TGI = (
     Alias("tgi_request_success", "finished", source=TG_DOC, fixture="tgi.prom",
           shape="counter"),
     Alias("tgi_request_failure", "failed", source=TG_DOC, fixture="tgi.prom",
+          shape="counter"),
+    # the router is TGI's HTTP layer: its counters are what clients were answered
+    Alias("tgi_request_success", "client_requests", source=TG_DOC, fixture="tgi.prom",
+          shape="counter"),
+    Alias("tgi_request_failure", "client_requests", source=TG_DOC, fixture="tgi.prom",
           shape="counter"),
 )
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gpuwatch.exposition import layout as layout_mod
 from gpuwatch.exposition.parse import Exposition, LabelKey
 
 # Counter names inside Reading.counters (per series group).
@@ -15,6 +16,8 @@ PREEMPTIONS = "preemptions"
 QUEUE_COUNT = "queue_count"
 QUEUE_SUM = "queue_sum"  # seconds
 QUEUE_LE = "queue_le:"  # + repr(upper bound): cumulative bucket counts
+# + repr(a gpuwatch bound, layout.BOUNDS): the engine's buckets mapped onto gpuwatch's layout
+GW_LE = "gw_le:"
 
 # Keys of Reading.missing / EngineState.missing.
 REQUESTS_RUNNING = "requests_running"
@@ -35,6 +38,8 @@ NOT_EXPOSED = "not in this scrape"
 COUNTER_MAX = float(2**53)
 INVALID = "invalid value (NaN, negative or above 2^53)"
 MAX_NOTE_CHARS = 200
+MAX_MODEL_CHARS = 256
+MAX_QUANTILE_GROUPS = 64
 
 
 @dataclass
@@ -77,6 +82,18 @@ class Reading:
     # The engine's own families that gpuwatch does not read, and those the alias table
     # calls removed (aliases.py).
     unread_families: list[str] = field(default_factory=list)
+    # Engines that serve several models in one process (Triton) label each series with its
+    # model: model_label names that label, and group_models gives each series group's model.
+    # Elsewhere the engine's one model is `model`, and groups map to nothing.
+    model_label: str = ""
+    group_models: dict[str, str] = field(default_factory=dict)
+    # Whether the exposition was one gpuwatch reads with nothing being served (a Triton
+    # with no model loaded): up, and said apart from an engine that is down.
+    models_loaded: int | None = None
+    served_models: list[str] | None = None  # the models it serves now, where it says
+    # An engine's own windowed quantiles where it has no histogram (Triton's summaries):
+    # group -> sli -> quantile label -> seconds.
+    engine_quantiles: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def has_counter(self, name: str) -> bool:
         return any(name in c for c in self.counters.values())
@@ -84,6 +101,15 @@ class Reading:
 
 def bucket_name(bound: float) -> str:
     return f"{QUEUE_LE}{bound!r}"
+
+
+def gw_name(bound: float) -> str:
+    return f"{GW_LE}{bound!r}"
+
+
+def remember_model(reading: Reading, group: str, key: LabelKey) -> None:
+    if reading.model_label and group not in reading.group_models:
+        reading.group_models[group] = label(key, reading.model_label)[:MAX_MODEL_CHARS]
 
 
 def counter_value(v: float) -> float | None:
@@ -215,7 +241,9 @@ def add_counter(
         if v is None:
             invalid += 1
             continue
-        group = reading.counters.setdefault(group_of(key, group_labels), {})
+        name = group_of(key, group_labels)
+        remember_model(reading, name, key)
+        group = reading.counters.setdefault(name, {})
         group[target] = group.get(target, 0.0) + v * scale
         found = True
     if invalid:
@@ -252,7 +280,9 @@ def add_histogram(
         if v is None:
             return f"{base}_bucket has an {INVALID}"
         rest = tuple(kv for kv in key if kv[0] != "le")
-        group = per_group.setdefault(group_of(rest, group_labels), {})
+        name = group_of(rest, group_labels)
+        remember_model(reading, name, rest)
+        group = per_group.setdefault(name, {})
         group[le] = group.get(le, 0.0) + v
     layout: tuple[float, ...] | None = None
     usable: dict[str, list[float]] = {}
@@ -278,6 +308,8 @@ def add_histogram(
         c = reading.counters.setdefault(group, {})
         for b, v in zip(layout, counts, strict=True):
             c[bucket_name(b)] = v
+        for b, v in zip(layout_mod.BOUNDS, layout_mod.remap(layout, counts), strict=False):
+            c[gw_name(b)] = v
         c[QUEUE_COUNT] = counts[-1]
         s = sums.get(group)
         if s is not None and counter_value(s) is not None:

@@ -10,6 +10,9 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "llamacpp": ("llamacpp:",),
     "triton": ("nv_inference_", "nv_trt_llm_"),
 }
+# Families only Triton's server writes, models or not: an exposition with nothing else is
+# a Triton serving no model.
+TRITON_SERVER = ("nv_pinned_memory_pool_", "nv_cpu_utilization", "nv_gpu_utilization")
 
 
 def _count(text: str, prefix: str) -> int:
@@ -23,6 +26,8 @@ def detect_kind(text: str) -> str | None:
         n = sum(_count(text, p) for p in prefixes)
         if n > best_n:
             best, best_n = kind, n
+    if best is None and any(_count(text, p) for p in TRITON_SERVER):
+        return "triton"
     return best
 
 

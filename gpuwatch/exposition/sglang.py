@@ -71,6 +71,8 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
     # mem_fraction_static nor a sleep state (release_memory_occupation) as metrics
     r.kv_pool_tokens, _ = c.gauge(expo, ["sglang:max_total_num_tokens"], rank_labels=RANKS)
     why = c.add_histogram(r, expo, "sglang:queue_time_seconds", GROUP, rank_labels=RANKS)
+    if r.has_counter(c.QUEUE_COUNT):
+        r.sli_source["queue"] = "sglang:queue_time_seconds"
     if why:
         r.missing[c.QUEUE_LATENCY] = (
             "sglang:queue_time_seconds " + c.NOT_EXPOSED if why == c.NOT_EXPOSED else why

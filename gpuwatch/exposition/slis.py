@@ -14,21 +14,28 @@ from gpuwatch.exposition import common as c
 from gpuwatch.exposition.parse import Exposition, wanted_names
 
 TTFT, ITL, E2E = "ttft", "itl", "e2e"
-SLIS = (TTFT, ITL, E2E)
+PROMPT_TOKEN = "ptpt"  # time per prompt token, where an engine says (llama.cpp)
+SLIS = (TTFT, ITL, E2E, PROMPT_TOKEN)
 PROMPT_TOKENS = "prompt_tokens"
 GENERATION_TOKENS = "generation_tokens"
 TOKENS = (PROMPT_TOKENS, GENERATION_TOKENS)
 FINISHED = "finished:"  # + reason
 FINISHED_REASONS = ("stop", "length", "abort", "error", "ok", "other")
+# Requests as the engine's HTTP layer answered them (seen by clients), by outcome.
+CLIENT = "client:"  # + outcome
+CLIENT_OUTCOMES = ("ok", "error", "abort")
 ERROR_RATIO = "request_error_ratio"
+CLIENT_ERROR_RATIO = "client_request_error_ratio"
+# Prefixes of the counter names this module writes (besides the queue's, unprefixed).
+PREFIXES = (*(s + ":" for s in SLIS), FINISHED, CLIENT)
 WAITING_BY_REASON = "requests_waiting_by_reason"
 # Keys of Reading.missing this module fills.
 MISSING_KEYS = (*SLIS, *(s + "_mean" for s in SLIS), *TOKENS, "requests_finished",
-                ERROR_RATIO, WAITING_BY_REASON)
+                ERROR_RATIO, CLIENT_ERROR_RATIO, WAITING_BY_REASON)
 MAX_REASONS = 16  # distinct waiting reasons kept (label values come from the engine)
 
-ROLES = ("ttft", "itl", "tpot", "e2e", "prompt_tokens", "generation_tokens", "finished",
-         "failed", "waiting_by_reason")
+ROLES = ("ttft", "itl", "tpot", "e2e", "ptpt", "prompt_tokens", "generation_tokens",
+         "finished", "failed", "waiting_by_reason", "client_requests")
 
 
 def key(sli: str, name: str) -> str:
@@ -64,6 +71,7 @@ def add(r: c.Reading, expo: Exposition, kind: str, group: tuple[str, ...],
         if not found:
             r.sli_missing[role] = _why_absent(kind, table, role)
     _finished(r, expo, kind, table, group, ranks, keep)
+    _client(r, expo, kind, table, group, ranks, keep)
     _waiting(r, expo, kind, table, ranks)
 
 
@@ -109,10 +117,11 @@ def _latency(r: c.Reading, expo: Exposition, table: list, sli: str, group, ranks
             for n in tmp.notes:
                 c.note(r, n)
             return
-        if a.shape == "sum" and a.name in expo and a.count in expo:
-            ok = c.add_counter(r, expo, a.name, key(sli, c.QUEUE_SUM), group,
+        total, count = _sample(expo, a.name), _sample(expo, a.count)
+        if a.shape == "sum" and total and count:
+            ok = c.add_counter(r, expo, total, key(sli, c.QUEUE_SUM), group,
                                rank_labels=ranks, scale=a.scale, keep=keep)
-            ok &= c.add_counter(r, expo, a.count, key(sli, c.QUEUE_COUNT), group,
+            ok &= c.add_counter(r, expo, count, key(sli, c.QUEUE_COUNT), group,
                                 rank_labels=ranks, keep=keep)
             if ok:
                 r.sli_source[sli] = a.name
@@ -125,6 +134,13 @@ def _latency(r: c.Reading, expo: Exposition, table: list, sli: str, group, ranks
         r.sli_missing[sli] = f"{names} {c.NOT_EXPOSED}" if not why or why == c.NOT_EXPOSED \
             else why
     r.sli_missing[sli + "_mean"] = r.sli_missing[sli]
+
+
+def _sample(expo: Exposition, name: str) -> str:
+    """The sample name a counter family is written under (prometheus-cpp writes no _total)."""
+    if not name:
+        return ""
+    return name if name in expo else name + "_total" if name + "_total" in expo else ""
 
 
 def _reason(v: str) -> str:
@@ -168,6 +184,34 @@ def _finished(r: c.Reading, expo: Exposition, kind: str, table: list, group, ran
     elif not has_error:
         r.sli_missing[ERROR_RATIO] = f"{kind} does not count failed requests in this scrape"
     r.counts_errors = has_error
+
+
+def _outcome(a, key) -> str | None:
+    """ok | error | abort of one client-request series, or None to leave it out."""
+    if a.name == "http_requests":  # prometheus-fastapi-instrumentator (vLLM)
+        if c.label(key, "method") not in ("POST", ""):
+            return None  # what clients poll (model lists), not what they ask to be served
+        status = c.label(key, "status")[:1]
+        return {"2": "ok", "3": "ok", "4": "error", "5": "error"}.get(status)
+    if a.name.endswith("_failure"):  # TGI's router: one counter per failure kind
+        return "error"
+    return "ok"
+
+
+def _client(r: c.Reading, expo: Exposition, kind: str, table: list, group, ranks,
+            keep=None) -> None:
+    found = False
+    for a in table:
+        name = a.name if a.name in expo else a.name + "_total"
+        if a.role != "client_requests" or name not in expo:
+            continue
+        for outcome in CLIENT_OUTCOMES:
+            found |= c.add_counter(
+                r, expo, name, CLIENT + outcome, group, rank_labels=ranks,
+                keep=lambda k, a=a, o=outcome: (keep is None or keep(k)) and _outcome(a, k) == o)
+    if not found:
+        why = _why_absent(kind, table, "client_requests")
+        r.sli_missing[CLIENT_ERROR_RATIO] = why
 
 
 def _waiting(r: c.Reading, expo: Exposition, kind: str, table: list, ranks) -> None:

@@ -31,6 +31,8 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
     r.missing[c.PREEMPTION] = "TGI exposes no preemption counter"
 
     why = c.add_histogram(r, expo, "tgi_request_queue_duration", GROUP)
+    if r.has_counter(c.QUEUE_COUNT):
+        r.sli_source["queue"] = "tgi_request_queue_duration"
     if why:
         # Without configured buckets the exporter writes a summary: its quantiles cover the
         # exporter's own window, so only _sum/_count (the mean) are used.

@@ -17,7 +17,7 @@ import math
 from gpuwatch.exposition import common as c
 from gpuwatch.exposition.parse import Exposition, help_text, wanted_names
 
-PREFIXES = ("vllm:", "process_start_time_seconds")
+PREFIXES = ("vllm:", "process_start_time_seconds", "http_requests_total")
 WANTED = wanted_names((
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
@@ -39,7 +39,7 @@ GROUP = ("engine",)
 # cache_config_info labels the memory model reads: the pool share, the KV pool's size
 MEMORY_LABELS = frozenset((
     "gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks", "block_size",
-    "enable_prefix_caching",
+    "enable_prefix_caching", "num_gpu_blocks_override",
 ))
 # vllm:engine_sleep_state{sleep_state=...}: awake 0 is asleep; then which level
 SLEEP_LEVELS = {"weights_offloaded": 1, "discard_all": 2}
@@ -90,6 +90,8 @@ def normalize(expo: Exposition, text: str) -> c.Reading:
         r.missing[c.PREEMPTION] = "vllm:num_preemptions_total " + c.NOT_EXPOSED
 
     why = c.add_histogram(r, expo, "vllm:request_queue_time_seconds", GROUP)
+    if r.has_counter(c.QUEUE_COUNT):
+        r.sli_source["queue"] = "vllm:request_queue_time_seconds"
     if why:
         r.missing[c.QUEUE_LATENCY] = (
             "vllm:request_queue_time_seconds " + c.NOT_EXPOSED if why == c.NOT_EXPOSED else why
@@ -152,6 +154,11 @@ def _memory(r: c.Reading, expo: Exposition) -> None:
     if blocks and size and blocks * size <= c.COUNTER_MAX:
         r.kv_pool_tokens = blocks * size
     r.kv_pool_bytes = _positive(cfg.get("kv_cache_memory_bytes"))
+    if r.kv_pool_bytes and _positive(cfg.get("num_gpu_blocks_override")):
+        # the block count was forced: the pool is those blocks, not the bytes it was given
+        # (a 1 GiB kv_cache_memory_bytes next to a 16-block, ~4 MiB pool on the CPU build)
+        r.kv_pool_bytes = None
+        c.note(r, "kv_cache_memory_bytes is not the KV pool: num_gpu_blocks_override sets it")
     series = expo.get("vllm:engine_sleep_state")
     awake = [v for k, v in series.items() if c.label(k, "sleep_state") == "awake"]
     if not awake or not all(math.isfinite(v) for v in awake):

@@ -28,21 +28,26 @@ class RuleParams:
     leak_keep_firing_for: str = "2m"
     # spec §4: compaction past 35 % fragmentation
     fragmentation_ratio: float = 0.35
-    # What a good hit ratio is depends on the workload's shared prefixes: tune it.
-    kv_hit_ratio_min: float = 0.2
-    # below this query rate (tokens/s) a hit ratio says nothing
+    # The hit-ratio floor is the daemon's own ([signals.kv_cache] floor, exported as
+    # gpuwatch_engine_kv_cache_hit_ratio_floor): what a good ratio is depends on the
+    # workload's shared prefixes. Below this query rate (tokens/s) a ratio says nothing.
     kv_min_queries_per_second: float = 5.0
-    # the daemon's [signals.queue] slo_quantile and slo_seconds
+    # the daemon's [signals.queue] slo_quantile, slo_seconds and min_requests
     queue_latency_quantile: str = "0.95"
     queue_latency_slo_seconds: float = 5.0
+    queue_min_requests: float = 10
     preemptions_per_second: float = 0.1
-    # serving SLOs: the quantile of time to first token and of end-to-end latency judged,
-    # and the share of finished requests that may end in an error (above a minimum rate)
+    # Serving SLOs per model (serving_rules.py): this share of requests gets its first
+    # token within ttft_slo_seconds and its answer within e2e_slo_seconds (both bounds of
+    # gpuwatch's bucket layout), and this share ends without an error; no burn-rate alert
+    # on fewer than slo_min_requests requests in its short window. sli_quantile is the
+    # quantile the dashboards draw.
     sli_quantile: str = "0.95"
     ttft_slo_seconds: float = 2.0
     e2e_slo_seconds: float = 60.0
-    error_ratio_max: float = 0.05
-    error_min_requests_per_second: float = 0.1
+    latency_objective: float = 0.99
+    availability_objective: float = 0.99
+    slo_min_requests: float = 20
     # NVLink CRC/replay/recovery errors per second, summed over links
     nvlink_errors_per_second: float = 0.1
     # PrometheusRule custom resource, in the DaemonSet's namespace. `release` is what
@@ -63,6 +68,18 @@ class RuleParams:
             raise ValueError(f"queue_latency_quantile: {self.queue_latency_quantile!r}")
         if not re.fullmatch(r"[0-9.]+", self.sli_quantile):
             raise ValueError(f"sli_quantile: {self.sli_quantile!r}")
+        for name in ("latency_objective", "availability_objective"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be strictly between 0 and 1")
+        # latency objectives must be bounds of gpuwatch's layout: the share of requests
+        # under them is then a bucket, not an interpolation
+        from gpuwatch.exposition.layout import BOUNDS
+
+        for attr in ("ttft_slo_seconds", "e2e_slo_seconds"):
+            v = float(getattr(self, attr))
+            if v not in BOUNDS:
+                raise ValueError(f"{attr}: {v:g} s is not a bound of gpuwatch's bucket layout "
+                                 f"({', '.join(f'{b:g}' for b in BOUNDS)})")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ episode never pages twice.
 
 from __future__ import annotations
 
+from gpuwatch.monitoring import serving_rules
 from gpuwatch.monitoring.fleet_rules import FLEET_RULES_FILE, fleet_rules_document
 from gpuwatch.monitoring.health_rules import hardware_alerts
 from gpuwatch.monitoring.rule_base import (  # noqa: F401 - RuleParams & co. are used from here
@@ -80,6 +81,7 @@ def recording_rules(p: RuleParams) -> list[Recording]:
         Recording("action_result:gpuwatch_remediation_actions:rate5m",
                   f"sum by (job, action, result) "
                   f"(rate(gpuwatch_remediation_actions_total{{{j}}}[5m]))"),
+        *serving_rules.recording(p),
     ]
 
 
@@ -107,7 +109,6 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
     oom_lead = _value_of("gpuwatch_process_oom_lead_time_seconds", p.job, proc_keys,
                          "humanizeDuration", " before", prefix="gpuwatch predicted it ",
                          missing="gpuwatch had not predicted it")
-    q = p.queue_latency_quantile
     # the daemon's own projection of the GPU's retained memory (time to OOM 0: past the
     # budget and still growing); its time_to_oom event names the processes growing most
     tto_text = (f"The memory {ident} keeps is growing: it reaches its memory budget in "
@@ -205,28 +206,15 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
         Alert("GpuwatchEngineDown", f"gpuwatch_engine_up{{{j}}} == 0", "critical",
               "An inference engine does not answer.",
               f"gpuwatch could not read the metrics of {eng} for 5 minutes.", "5m"),
-        Alert("GpuwatchKvCacheHitRatioLow",
-              f"instance_engine:gpuwatch_engine_prefix_cache_hit:ratio_rate5m{{{j}}} < "
-              f"{_num(p.kv_hit_ratio_min)}\nand\n"
-              f"instance_engine:gpuwatch_engine_prefix_cache_queries:rate5m{{{j}}} > "
-              f"{_num(p.kv_min_queries_per_second)}", "warning",
-              "The prefix (KV) cache hit ratio is low.",
-              f"Only {{{{ $value | humanizePercentage }}}} of the prompt tokens of {eng} "
-              "were served from the prefix cache over 5 minutes, for 15 minutes.", "15m"),
-        Alert("GpuwatchQueueLatencyHigh",
-              f'gpuwatch_engine_queue_latency_seconds{{{j},quantile="{q}"}} > '
-              f"{_num(p.queue_latency_slo_seconds)}", "warning",
-              "Requests wait too long in an engine's queue.",
-              f"The {q} quantile of queue time of {eng} is "
-              "{{ $value | humanizeDuration }}, above the "
-              f"{_num(p.queue_latency_slo_seconds)} s objective.", "10m"),
+        serving_rules.kv_alert(p, j, eng),
+        serving_rules.queue_alert(p, j, eng),
         Alert("GpuwatchEnginePreemptions",
               f"instance_engine:gpuwatch_engine_preemptions:rate5m{{{j}}} > "
               f"{_num(p.preemptions_per_second)}", "warning",
               "An inference engine keeps preempting requests.",
               f"{eng} preempts {{{{ $value | printf \"%.2f\" }}}} requests per second: "
               "its KV cache is too small for the load.", "15m"),
-        *serving_alerts(p, j, eng),
+        *serving_rules.alerts(p, j, eng),
     ]
     remediation = [
         Alert("GpuwatchRemediationFailed", _new_or_increased(failed, "15m"), "warning",
@@ -241,34 +229,6 @@ def alert_groups(p: RuleParams) -> dict[str, list[Alert]]:
         "gpuwatch-engines": engines,
         "gpuwatch-remediation": remediation,
     }
-
-
-def serving_alerts(p: RuleParams, j: str, eng: str) -> list[Alert]:
-    """Serving SLOs: time to first token, end-to-end latency, errors."""
-    q = p.sli_quantile
-    out = [
-        Alert(f"Gpuwatch{name}High",
-              f'gpuwatch_engine_{metric}_seconds{{{j},quantile="{q}"}} > {_num(slo)}',
-              "warning", f"{what} is above its objective.",
-              f"The {q} quantile of {what.lower()} of {eng} is "
-              f"{{{{ $value | humanizeDuration }}}}, above the {_num(slo)} s objective.", "10m")
-        for name, metric, what, slo in (
-            ("TimeToFirstToken", "time_to_first_token", "Time to first token",
-             p.ttft_slo_seconds),
-            ("EndToEndLatency", "e2e_request_latency", "End-to-end request latency",
-             p.e2e_slo_seconds),
-        )
-    ]
-    out.append(Alert(
-        "GpuwatchEngineErrorRatioHigh",
-        f"instance_engine:gpuwatch_engine_request_error:ratio_rate5m{{{j}}} > "
-        f"{_num(p.error_ratio_max)}\nand\n"
-        f"instance_engine:gpuwatch_engine_requests_finished:rate5m{{{j}}} > "
-        f"{_num(p.error_min_requests_per_second)}", "warning",
-        "An inference engine fails too many requests.",
-        f"{{{{ $value | humanizePercentage }}}} of the requests finished by {eng} over "
-        "5 minutes ended in an error, for 10 minutes.", "10m"))
-    return out
 
 
 def rules_document(p: RuleParams) -> dict:

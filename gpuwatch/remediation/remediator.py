@@ -36,7 +36,10 @@ __all__ = ["RESULTS", "Remediator", "state_dir"]
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE_SECONDS = 10.0
+# Running actions get this long to finish when the daemon stops, and cancelled ones
+# CANCEL_GRACE_SECONDS more: inside the daemon's 10 s stop deadline.
+SHUTDOWN_GRACE_SECONDS = 5.0
+CANCEL_GRACE_SECONDS = 2.0
 
 
 @dataclass
@@ -158,7 +161,7 @@ class Remediator:
             for task in pending:
                 task.cancel()
             if pending:
-                await asyncio.wait(pending, timeout=5)
+                await asyncio.wait(pending, timeout=CANCEL_GRACE_SECONDS)
         await self.hooks.close()
         self.ledger.note("stopped")
         await asyncio.to_thread(self.ledger.close)

@@ -45,9 +45,38 @@ class ProcessSignals:
 
 
 @dataclass
-class EngineState:
+class ModelSlis:
+    """The serving SLIs of one model of an engine; an EngineState has them for the engine as
+    a whole (signals/slis.py fills both)."""
+
+    sli_quantiles_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    # quantile labels given by the engine itself (Triton's summaries), not gpuwatch's window
+    sli_quantiles_from_engine: dict[str, list[str]] = field(default_factory=dict)
+    sli_below_resolution: dict[str, list[str]] = field(default_factory=dict)
+    sli_resolution_seconds: dict[str, float] = field(default_factory=dict)
+    sli_mean_seconds: dict[str, float] = field(default_factory=dict)
+    sli_requests_total: dict[str, float] = field(default_factory=dict)
+    sli_seconds_total: dict[str, float] = field(default_factory=dict)
+    sli_buckets: dict[str, list[float]] = field(default_factory=dict)
+    sli_requests_in_window: dict[str, float] = field(default_factory=dict)
+    sli_source: dict[str, str] = field(default_factory=dict)
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    prompt_tokens_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    requests_finished_total: dict[str, float] = field(default_factory=dict)
+    client_requests_total: dict[str, float] = field(default_factory=dict)
+    request_error_ratio: float | None = None
+    request_error_ratios: dict[str, float] = field(default_factory=dict)
+    requests_waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class EngineState(ModelSlis):
     """What gpuwatch knows about one engine: rendered as JSON in /api/state. None means
-    unknown, and `missing` says why for every normalized series that is absent."""
+    unknown, and `missing` says why for every normalized series that is absent. Its serving
+    SLIs as a whole are the fields it shares with ModelSlis."""
 
     name: str
     url: str = ""
@@ -101,19 +130,18 @@ class EngineState:
     queue_latency_mean_seconds: float | None = None
     queue_requests_in_window: float | None = None
     preemption_rate_per_second: float | None = None
-    # Serving SLIs (signals/slis.py), keyed by SLI: ttft | itl | e2e. Quantiles and means
-    # over the queue window; counts and sums cumulative like the counters above.
-    sli_quantiles_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
-    sli_mean_seconds: dict[str, float] = field(default_factory=dict)
-    sli_requests_total: dict[str, float] = field(default_factory=dict)
-    sli_seconds_total: dict[str, float] = field(default_factory=dict)
-    sli_requests_in_window: dict[str, float] = field(default_factory=dict)
-    sli_source: dict[str, str] = field(default_factory=dict)  # the engine family read
-    prompt_tokens_total: float | None = None
-    generation_tokens_total: float | None = None
-    requests_finished_total: dict[str, float] = field(default_factory=dict)  # by reason
-    request_error_ratio: float | None = None  # windowed: errors / finished
-    requests_waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    # Its serving SLIs as a whole are ModelSlis's fields (signals/slis.py).
+    # Per model, where the engine serves several in one process (Triton); else empty and
+    # the fields above are its one model's.
+    models: dict[str, ModelSlis] = field(default_factory=dict)
+    models_loaded: int | None = None  # None: the engine does not say (it serves one)
+    version: str = ""  # from the engine's version endpoint, where it has one
+    # Restarts seen so far as published: never decreases, unlike restarts_detected.
+    restarts_total: int = 0
+    # Counters going backwards more than once a window without a start time to tell
+    # processes apart: several processes behind the URL, or a crash loop. Nothing is
+    # derived from its counters while it lasts.
+    ambiguous: bool = False
     # The engine's own families gpuwatch does not read (bounded): a new version's additions.
     unread_families: list[str] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)

@@ -7,7 +7,7 @@ own windows, so `gpuwatch replay` of a recording reproduces the live run exactly
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuwatch.events import Event
 from gpuwatch.exposition import common as c
@@ -17,7 +17,9 @@ from gpuwatch.signals import slis
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.config import EngineLimits, KvCacheSignalConfig, QueueSignalConfig
 from gpuwatch.signals.derived import Derived, EngineState
-from gpuwatch.signals.windows import EngineCounters, Window, histogram_quantile
+from gpuwatch.signals.engine_events import judge_kv, judge_queue
+from gpuwatch.signals.engine_life import EngineLife
+from gpuwatch.signals.windows import EngineCounters, Window
 
 SIGNALS = ("engine_down", "kv_cache_hit_ratio", "queue_latency")
 ALL_MISSING_KEYS = (
@@ -43,6 +45,21 @@ def _seconds(v: float | None) -> float | None:
     return v if v is not None and 0 <= v <= MAX_QUEUE_SECONDS else None
 
 
+COUNTED = ("prefix_cache_hits_total", "prefix_cache_queries_total", "preemptions_total",
+           "queue_requests_total", "queue_seconds_total", "kv_cache_hit_ratio",
+           "kv_cache_queries_in_window", "queue_latency_mean_seconds",
+           "queue_requests_in_window", "preemption_rate_per_second")
+
+
+def _clear_counted(st: EngineState) -> None:
+    """What is derived from the engine's counters: gone while they cannot be read."""
+    for name in COUNTED:
+        setattr(st, name, None)
+    st.queue_latency_seconds = {}
+    slis.clear(st)
+    st.models = {}
+
+
 @dataclass
 class _Track:
     """Per-engine memory that is not part of the published state."""
@@ -50,9 +67,11 @@ class _Track:
     bank: EngineCounters
     kv: Window
     queue: Window
+    life: EngineLife
     last_sample_t: float = 0.0
     has_histogram: bool = False
     sli: Window | None = None
+    models: dict[str, Window] = field(default_factory=dict)  # per-model SLI windows
 
 
 class EngineAnalyzer:
@@ -96,13 +115,16 @@ class EngineAnalyzer:
     def _track(self, name: str) -> _Track:
         tr = self.tracks.get(name)
         if tr is None:
-            lim = self._limits(name)
             tr = self.tracks[name] = _Track(
-                bank=EngineCounters(lim.max_series_groups, lim.forget_group_after_scrapes),
-                kv=Window(self.kv_cfg.window_seconds),
+                bank=self._bank(name), kv=Window(self.kv_cfg.window_seconds),
                 queue=Window(self.queue_cfg.window_seconds),
+                life=EngineLife(self.queue_cfg.window_seconds),
             )
         return tr
+
+    def _bank(self, name: str) -> EngineCounters:
+        lim = self._limits(name)
+        return EngineCounters(lim.max_series_groups, lim.forget_group_after_scrapes)
 
     def _ingest(self, sample: EngineSample, st: EngineState, t: float) -> None:
         tr = self._track(sample.name)
@@ -133,6 +155,7 @@ class EngineAnalyzer:
             return
         try:
             self._up(st, tr, reading, t)
+            self._info(st, reading, sample.info)
         except Exception as exc:
             self._down(st, f"could not normalize the exposition: {type(exc).__name__}: {exc}")
 
@@ -140,16 +163,11 @@ class EngineAnalyzer:
         st.up = False
         st.reason = reason[:500]
         st.consecutive_failures += 1
-        for name in (
-            "requests_running", "requests_waiting", "kv_cache_usage_ratio",
-            "prefix_cache_hits_total", "prefix_cache_queries_total", "preemptions_total",
-            "queue_requests_total", "queue_seconds_total",
-            "kv_cache_hit_ratio", "kv_cache_queries_in_window", "queue_latency_mean_seconds",
-            "queue_requests_in_window", "preemption_rate_per_second", "sleep_level",
-        ):
+        for name in ("requests_running", "requests_waiting", "kv_cache_usage_ratio",
+                     "sleep_level"):
             setattr(st, name, None)
-        st.queue_latency_seconds = {}
-        slis.clear(st)
+        _clear_counted(st)
+        st.unread_families = []
         st.kv_cache_hit_ratio_source = ""
         st.missing = {k: "engine down" for k in ALL_MISSING_KEYS}
         st.replicas = 0
@@ -176,8 +194,15 @@ class EngineAnalyzer:
         st.missing = dict(r.missing)
         st.notes = list(r.notes[:20])
 
-        restarts = tr.bank.update(r.start_time, r.counters)
-        st.restarts_detected = max(st.restarts_detected + restarts, 0)
+        st.models_loaded = r.models_loaded
+        restarts = tr.bank.update(r.start_time, r.counters, r.group_models)
+        ambiguous, correction = tr.life.observe(t, tr.bank.blind_reset)
+        if st.ambiguous and not ambiguous:
+            # calm for a window: count afresh from this scrape, nothing of the flapping kept
+            tr.bank = self._bank(st.name)
+            restarts = tr.bank.update(r.start_time, r.counters, r.group_models)
+        st.restarts_detected = max(st.restarts_detected + restarts + correction, 0)
+        st.restarts_total = tr.life.publish(st.restarts_detected)
         st.series_groups = tr.bank.groups()
         refused = tr.bank.refused + r.groups_left_out
         st.limit = (
@@ -190,6 +215,10 @@ class EngineAnalyzer:
                 f"{st.replicas} processes answer at this URL (process_start_time_seconds "
                 "alternates): counters are summed per process, gauges are the last answer's"
             )
+        st.ambiguous = ambiguous
+        if ambiguous:
+            self._ambiguous(st, tr)
+            return
         totals = tr.bank.totals()
         tr.kv.push(t, {k: totals[k] for k in (c.PREFIX_HITS, c.PREFIX_QUERIES) if k in totals})
         tr.queue.push(t, {
@@ -211,6 +240,29 @@ class EngineAnalyzer:
         if tr.sli is None:
             tr.sli = Window(self.queue_cfg.window_seconds)
         slis.update(st, tr.sli, r, totals, t, self.quantiles)
+        st.unread_families = list(r.unread_families)
+        slis.update_models(st, tr.models, tr.bank.totals_by_model(), r, t, self.quantiles,
+                           self.queue_cfg.window_seconds)
+
+    @staticmethod
+    def _info(st: EngineState, r: c.Reading, info: dict[str, str]) -> None:
+        """What the engine's info endpoint says: its version, and the model where its
+        metrics do not name it (llama.cpp)."""
+        st.version = str(info.get("version", ""))[:64]
+        if not st.model and not r.model_label and info.get("model"):
+            st.model = str(info["model"])[:c.MAX_MODEL_CHARS]
+
+    def _ambiguous(self, st: EngineState, tr: _Track) -> None:
+        """Counters of an ambiguous endpoint are fabricated: nothing is derived from them,
+        and no window keeps them for when it is calm again. (Its bank still sees them: that
+        is how the flapping is seen to go on.)"""
+        st.reason = tr.life.why()
+        tr.kv, tr.queue = Window(tr.kv.seconds), Window(tr.queue.seconds)
+        tr.sli, tr.models = None, {}
+        _clear_counted(st)
+        for key in (c.PREFIX_CACHE, c.KV_HIT_RATIO, c.QUEUE_LATENCY, c.QUEUE_MEAN, c.PREEMPTION,
+                    *slis.n.MISSING_KEYS):
+            st.missing[key] = "ambiguous endpoint: " + st.reason.split(":", 1)[0]
 
     def _hit_ratio(self, st: EngineState, tr: _Track, r: c.Reading) -> None:
         w = self.kv_cfg.window_seconds
@@ -264,7 +316,7 @@ class EngineAnalyzer:
                     st.missing[c.QUEUE_LATENCY] = f"no request left the queue in the last {w:g}s"
                 else:
                     for q in self.quantiles:
-                        v = histogram_quantile(q, r.queue_bounds, deltas)
+                        v, _ = slis.quantile(q, r.queue_bounds, deltas)
                         if _seconds(v) is not None:
                             st.queue_latency_seconds[qlabel(q)] = v
                         elif v is not None:
@@ -327,70 +379,15 @@ class EngineAnalyzer:
             )
         events += conditions.set(t, down, ("engine_down", None, None, name))
         if st.up:
-            events += self._judge_kv(t, st, conditions)
-            events += self._judge_queue(t, st, conditions)
+            events += judge_kv(self.kv_cfg, t, st, conditions)
+            tr = self.tracks.get(st.name)
+            events += judge_queue(self.queue_cfg, t, st, conditions,
+                                  bool(tr and tr.has_histogram))
         elif down is not None:
             # Its other conditions cannot be judged any more; engine_down says why.
             events += conditions.set(t, None, ("kv_cache_hit_ratio", None, None, name))
             events += conditions.set(t, None, ("queue_latency", None, None, name))
         return events
-
-    def _judge_kv(self, t: float, st: EngineState, conditions: Conditions) -> list[Event]:
-        cfg = self.kv_cfg
-        key = ("kv_cache_hit_ratio", None, None, st.name)
-        ratio = st.kv_cache_hit_ratio
-        if not cfg.floor or ratio is None:
-            return conditions.set(t, None, key)
-        windowed = st.kv_cache_hit_ratio_source == "window"
-        if windowed and (st.kv_cache_queries_in_window or 0.0) < cfg.min_queries:
-            return []  # too little traffic to judge: keep the current state
-        severity, threshold = None, cfg.floor
-        if cfg.critical_floor and ratio < cfg.critical_floor:
-            severity, threshold = "critical", cfg.critical_floor
-        elif ratio < cfg.floor:
-            severity = "warning"
-        if severity is None:
-            return conditions.set(t, None, key)
-        what = (f"over the last {cfg.window_seconds:g}s" if windowed
-                else "as computed by the engine since it started")
-        ev = Event(
-            t=t, signal="kv_cache_hit_ratio", state="firing", severity=severity,
-            engine=st.name, value=ratio, threshold=threshold,
-            message=f"engine {st.name}: KV-cache hit ratio {ratio:.3f} {what} is below "
-                    f"{threshold:g}",
-        )
-        return conditions.set(t, ev, key)
-
-    def _judge_queue(self, t: float, st: EngineState, conditions: Conditions) -> list[Event]:
-        cfg = self.queue_cfg
-        key = ("queue_latency", None, None, st.name)
-        if not cfg.slo_seconds:
-            return conditions.set(t, None, key)
-        q = qlabel(cfg.slo_quantile)
-        value = st.queue_latency_seconds.get(q)
-        what = f"p{float(q) * 100:g} queue time"
-        tr = self.tracks.get(st.name)
-        if value is None and cfg.judge_mean_without_histogram and tr and not tr.has_histogram:
-            value = st.queue_latency_mean_seconds
-            what = "mean queue time (the engine has no queue-time histogram)"
-        if value is None:
-            return conditions.set(t, None, key)
-        if (st.queue_requests_in_window or 0.0) < cfg.min_requests:
-            return []
-        severity, threshold = None, cfg.slo_seconds
-        if cfg.critical_seconds and value > cfg.critical_seconds:
-            severity, threshold = "critical", cfg.critical_seconds
-        elif value > cfg.slo_seconds:
-            severity = "warning"
-        if severity is None:
-            return conditions.set(t, None, key)
-        ev = Event(
-            t=t, signal="queue_latency", state="firing", severity=severity, engine=st.name,
-            value=value, threshold=threshold,
-            message=f"engine {st.name}: {what} {value:.3g}s over the last "
-                    f"{cfg.window_seconds:g}s exceeds {threshold:g}s",
-        )
-        return conditions.set(t, ev, key)
 
     def _forget(self, t: float, derived: Derived, conditions: Conditions) -> list[Event]:
         limit = self.discovery.forget_after_seconds

@@ -66,6 +66,8 @@ class Pipeline:
         self._prune(tick)
         events: list[Event] = []
         for analyzer in self.analyzers:
+            if tick.engines_only and not isinstance(analyzer, EngineAnalyzer):
+                continue  # it samples the host: this tick has nothing of it
             try:
                 events += analyzer.update(tick, self.derived, self.conditions)
             except Exception:

@@ -185,8 +185,13 @@ def message(oom: OomSample, gpu_index: int | None, ep: _Episode | None,
     elif oom.cause == "limit":
         text += f"; the process's own cap of {size_text(oom.allowed_bytes)} was reached"
     elif oom.cause == "full":
-        held = oom.reserved_bytes
-        text += f"; the GPU was full (this process reserved {size_text(held)})"
+        held = size_text(oom.reserved_bytes)
+        if oom.device_total_bytes and (oom.request_bytes or 0) > oom.device_total_bytes:
+            # 'full' as the allocator sees it, but telling an operator the GPU was full
+            # while most of it was free sends them looking for the wrong process
+            text += f"; the request is larger than the whole GPU (this process reserved {held})"
+        else:
+            text += f"; the GPU was full (this process reserved {held})"
     if oom.fragmentation_ratio is not None:
         text += f"; fragmentation ratio {oom.fragmentation_ratio:.2f} at the OOM"
     text += {"raised": "; the program got the error", "caught": "; the program caught it",

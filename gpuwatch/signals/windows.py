@@ -16,6 +16,7 @@ MAX_GROUPS = 512  # series groups (data-parallel ranks, Triton models) per engin
 EXPIRE_SCRAPES = 60  # a group (or a process) not seen for this many scrapes is folded away
 MAX_PROCESSES = 4  # processes (process_start_time_seconds values) remembered per engine
 MAX_RETIRED_NAMES = 1024  # counter names whose folded totals are kept
+MAX_MODELS = 64  # models whose totals are kept apart (the rest are summed as model "")
 
 
 def _fold(into: dict[str, float], values: dict[str, float]) -> None:
@@ -43,12 +44,16 @@ class CounterBank:
         self.offset: dict[str, dict[str, float]] = {}
         self.seen: dict[str, int] = {}  # group -> the scrape that last had it
         self.retired: dict[str, float] = {}  # folded totals of forgotten groups
+        self.model: dict[str, str] = {}  # group -> the model it counts for ("" = the engine's)
+        self.retired_by_model: dict[str, dict[str, float]] = {}
         self.scrapes = 0
         self.resets = 0
         self.refused = 0  # groups refused by the cap in the last update
 
-    def update(self, groups: dict[str, dict[str, float]], restarted: bool = False) -> bool:
-        """Take one scrape's raw values; returns True if any group reset."""
+    def update(self, groups: dict[str, dict[str, float]], restarted: bool = False,
+               models: dict[str, str] | None = None) -> bool:
+        """Take one scrape's raw values; returns True if any group reset. models: the model
+        each group counts for, where the engine serves several."""
         self.scrapes += 1
         self.refused = 0
         reset_any = False
@@ -60,6 +65,9 @@ class CounterBank:
                     continue
                 self.last[group] = dict(values)
                 self.seen[group] = self.scrapes
+                model = (models or {}).get(group, "")
+                if model:
+                    self.model[group] = model
                 continue
             self.seen[group] = self.scrapes
             if restarted or any(v < last.get(name, 0.0) for name, v in values.items()):
@@ -79,8 +87,13 @@ class CounterBank:
             self.fold(group)
 
     def fold(self, group: str) -> None:
-        """Forget a group, keeping its total in the per-name sum."""
-        _fold(self.retired, self.group_total(group))
+        """Forget a group, keeping its total in the per-name sum (and its model's)."""
+        total = self.group_total(group)
+        _fold(self.retired, total)
+        model = self.model.pop(group, "")
+        if model and (model in self.retired_by_model
+                      or len(self.retired_by_model) < MAX_MODELS):
+            _fold(self.retired_by_model.setdefault(model, {}), total)
         self.last.pop(group, None)
         self.offset.pop(group, None)
         self.seen.pop(group, None)
@@ -96,6 +109,21 @@ class CounterBank:
             for name, v in values.items():
                 out[name] = out.get(name, 0.0) + v + off.get(name, 0.0)
         return out
+
+    def totals_by_model(self) -> dict[str, dict[str, float]]:
+        """Totals per model (groups of no model, or beyond MAX_MODELS models, under "")."""
+        out: dict[str, dict[str, float]] = {m: dict(v) for m, v in self.retired_by_model.items()}
+        for group in self.last:
+            model = self.model.get(group, "")
+            if model not in out and len(out) >= MAX_MODELS:
+                model = ""
+            _add_into(out.setdefault(model, {}), self.group_total(group))
+        return out
+
+
+def _add_into(into: dict[str, float], values: dict[str, float]) -> None:
+    for name, v in values.items():
+        into[name] = into.get(name, 0.0) + v
 
 
 class EngineCounters:
@@ -116,9 +144,12 @@ class EngineCounters:
         self.banks: dict[float | None, CounterBank] = {}
         self.seen: dict[float | None, int] = {}  # process -> the scrape that last had it
         self.retired: dict[str, float] = {}
+        self.retired_by_model: dict[str, dict[str, float]] = {}
         self.current: float | None = None
         self.scrapes = 0
         self.flap_at: int | None = None  # the last scrape where a known process came back
+        # the last update's counters went backwards with no start time to say why
+        self.blind_reset = False
         self._counted: set[float | None] = set()  # processes counted as a restart
 
     @property
@@ -126,7 +157,8 @@ class EngineCounters:
         bank = self.banks.get(self.current)
         return bank.refused if bank is not None else 0
 
-    def update(self, start_time: float | None, groups: dict[str, dict[str, float]]) -> int:
+    def update(self, start_time: float | None, groups: dict[str, dict[str, float]],
+               models: dict[str, str] | None = None) -> int:
         """Take one scrape; returns the change in detected restarts (negative when
         processes counted as restarts turn out to be replicas)."""
         self.scrapes += 1
@@ -145,8 +177,10 @@ class EngineCounters:
                     delta -= 1
         self.current = key
         self.seen[key] = self.scrapes
-        if self.banks[key].update(groups):
+        self.blind_reset = False
+        if self.banks[key].update(groups, models=models):
             delta += 1
+            self.blind_reset = start_time is None
         self._expire()
         return delta
 
@@ -156,7 +190,11 @@ class EngineCounters:
         by_age = sorted((k for k in self.seen if k != self.current), key=self.seen.__getitem__)
         stale += by_age[: max(len(self.seen) - self.max_processes, 0)]
         for key in dict.fromkeys(stale):
-            _fold(self.retired, self.banks.pop(key).totals())
+            bank = self.banks.pop(key)
+            _fold(self.retired, bank.totals())
+            for model, values in bank.totals_by_model().items():
+                if model in self.retired_by_model or len(self.retired_by_model) < MAX_MODELS:
+                    _fold(self.retired_by_model.setdefault(model, {}), values)
             del self.seen[key]
             self._counted.discard(key)
 
@@ -172,8 +210,15 @@ class EngineCounters:
     def totals(self) -> dict[str, float]:
         out = dict(self.retired)
         for bank in self.banks.values():
-            for name, v in bank.totals().items():
-                out[name] = out.get(name, 0.0) + v
+            _add_into(out, bank.totals())
+        return out
+
+    def totals_by_model(self) -> dict[str, dict[str, float]]:
+        """Totals per model across the processes, folded ones included."""
+        out = {m: dict(v) for m, v in self.retired_by_model.items()}
+        for bank in self.banks.values():
+            for model, values in bank.totals_by_model().items():
+                _add_into(out.setdefault(model, {}), values)
         return out
 
 

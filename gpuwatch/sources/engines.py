@@ -34,6 +34,7 @@ from gpuwatch.engines.urls import engines_from_urls, host_port, is_local, same_l
 from gpuwatch.exposition import Reading
 from gpuwatch.model import EngineSample
 from gpuwatch.redact import strip_userinfo as redact
+from gpuwatch.sources import engine_info
 
 if TYPE_CHECKING:
     import aiohttp
@@ -238,6 +239,8 @@ class EngineSource:
         self.pids: dict[str, list[int]] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._discovered: dict[str, EngineConfig] = {}
+        self._gone_since: dict[str, float] = {}  # discovered engines whose process left
+        self.monotonic = time.monotonic
 
     async def run(self, sink: Sink) -> None:
         """Scrape until cancelled."""
@@ -269,9 +272,17 @@ class EngineSource:
         async with session_for(cfg) as session:
             next_at = loop.time()
             was_up: bool | None = None
+            info: dict[str, str] = {}
+            info_at: float | None = None  # loop time of the last info fetch
             while True:
                 sample = await scrape(session, cfg, self.pids.get(cfg.name), self.clock)
                 up = sample.error is None
+                if up and (not was_up or info_at is None
+                           or loop.time() - info_at > engine_info.REFRESH_SECONDS):
+                    # first seen, back after being down (maybe upgraded), or due
+                    info = await self._info(session, cfg, sample)
+                    info_at = loop.time()
+                sample.info = dict(info)
                 if up != was_up:
                     if up:
                         log.info("engine %s (%s) is up", cfg.name, sample.url)
@@ -288,6 +299,15 @@ class EngineSource:
                     next_at = now
                 await asyncio.sleep(next_at - now)
 
+    @staticmethod
+    async def _info(session, cfg: EngineConfig, sample: EngineSample) -> dict[str, str]:
+        reading = getattr(sample, "reading", None)
+        kind = reading[0].kind if reading and reading[0] is not None else cfg.kind
+        url = engine_info.url_for(kind, cfg.url, cfg.info_url)
+        if url is None:
+            return {}
+        return await engine_info.fetch(session, url, kind, cfg.timeout_seconds)
+
     async def _discover_forever(self, sink: Sink) -> None:
         while True:
             try:
@@ -297,6 +317,13 @@ class EngineSource:
             else:
                 self.apply_discovery(found, sink, ports)
             await asyncio.sleep(self.discovery.interval_seconds)
+
+    def _stop(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        self._discovered.pop(name, None)
+        self._gone_since.pop(name, None)
 
     def _scan(self) -> tuple[list[disc.Found], dict[int, int]]:
         found = disc.scan(tuple(self.discovery.kinds))
@@ -316,7 +343,10 @@ class EngineSource:
         d = self.discovery
         pids: dict[str, list[int]] = {}
         wanted: dict[str, EngineConfig] = {}
-        taken = {e.name for e in self.engines}
+        # names of engines still expected though gone: a new one at another URL gets its own
+        taken = {e.name for e in self.engines} | {
+            n for n in self._gone_since
+            if not any(f.url == self._discovered[n].url for f in found)}
         for e in self.engines:
             if is_local(e.url):
                 listener = (ports or {}).get(host_port(e.url)[1])
@@ -340,17 +370,28 @@ class EngineSource:
                 max_body_bytes=d.max_body_bytes, max_series=d.max_series,
                 max_series_groups=d.max_series_groups,
                 forget_group_after_scrapes=d.forget_group_after_scrapes,
-                down_after_failures=d.down_after_failures,
+                down_after_failures=d.down_after_failures, info_url=f.info_url,
             )
             pids[name] = f.pids
         self.pids = pids
-        for name in [n for n in self._discovered if n not in wanted
-                     or wanted[n].url != self._discovered[n].url]:
-            log.info("engine %s is gone from the process table", name)
-            task = self._tasks.pop(name, None)
-            if task is not None:
-                task.cancel()
-            del self._discovered[name]
+        now = self.monotonic()
+        for name, cfg in list(self._discovered.items()):
+            if name in wanted and wanted[name].url == cfg.url:
+                if self._gone_since.pop(name, None) is not None:
+                    log.info("engine %s is back in the process table", name)
+                continue
+            if name in wanted:  # another engine took the name: the old one is replaced
+                self._stop(name)
+                continue
+            # Gone from the process table: still scraped (its scrapes fail, it shows down
+            # and engine_down fires) for as long as it was expected, then forgotten.
+            since = self._gone_since.setdefault(name, now)
+            if since == now:
+                log.warning("engine %s is gone from the process table; scraped for %gs more",
+                            name, d.expect_gone_seconds)
+            if now - since >= d.expect_gone_seconds:
+                log.info("engine %s is forgotten (gone for %gs)", name, now - since)
+                self._stop(name)
         for name, cfg in wanted.items():
             if name not in self._discovered:
                 log.info("discovered %s engine %s at %s", cfg.kind, name, cfg.url)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gpuwatch.safetext import printable_tree
 from gpuwatch.views import fmt
+from gpuwatch.views import serving as serving_view
 
 MAX_BODY = 64 << 20  # a state document far beyond any real host's is refused, not buffered
 TOP_PROCESSES = 3
@@ -98,6 +99,7 @@ class Summary:
     engines: list[list[str]]
     events: list[tuple[str, str]]  # severity, text
     actions: list[tuple[str, str]]  # result, text
+    serving: dict[str, list[str]] = field(default_factory=dict)  # engine -> SLI lines
 
 
 def _d(v) -> dict:
@@ -133,6 +135,7 @@ def summarize(state: dict, url: str) -> Summary:
         problems.append("waiting for the first complete sample")
     rows = [_gpu_row(g, _d(_d(signals.get("gpus")).get(g.get("uuid"))), procsig) for g in gpus]
     engines = []
+    serving: dict[str, list[str]] = {}
     for e in _d(signals.get("engines")).values():
         if not isinstance(e, dict):
             continue
@@ -146,6 +149,7 @@ def summarize(state: dict, url: str) -> Summary:
                         f"hit {fmt.percent(e.get('kv_cache_hit_ratio'))}",
                         f"queue p95 {fmt.signal_value('queue_latency', q)}",
                         f"preempt {_int(e.get('preemptions_total'))}"])
+        serving[str(e.get("name", "?"))] = serving_view.lines(e)
     events = []
     for ev in _l(state.get("active_events")):
         if not isinstance(ev, dict):
@@ -163,7 +167,7 @@ def summarize(state: dict, url: str) -> Summary:
                         f"{fmt.clock(a.get('t'))} {a.get('action')} "
                         f"{target if target != fmt.DASH else a.get('target', '')} → "
                         f"{a.get('result', '?')}"))
-    return Summary(header, problems, rows, engines, events, actions)
+    return Summary(header, problems, rows, engines, events, actions, serving)
 
 
 def _who(p: dict) -> str:
@@ -290,7 +294,9 @@ def render_plain(s: Summary) -> str:
             out.append(f"       … {r.more} more processes")
     out.append("")
     out.append("ENGINES" if s.engines else "ENGINES  none")
-    out += ["  " + "  ".join(e) for e in s.engines]
+    for e in s.engines:
+        out.append("  " + "  ".join(e))
+        out += ["      " + text for text in s.serving.get(e[0], [])]
     out.append("")
     out.append("ACTIVE EVENTS" if s.events else "ACTIVE EVENTS  none")
     out += [f"  {sev:<8} {text}" for sev, text in s.events]
@@ -344,6 +350,8 @@ def render_rich(s: Summary, console) -> None:
                    show_header=False)
         for e in s.engines:
             et.add_row(*[Text(c, style="red" if c.startswith("down") else "") for c in e])
+            for text in s.serving.get(e[0], []):
+                et.add_row("", Text(text, style="dim"))
         console.print(et)
     else:
         console.print(Text("engines: none", style="dim"))

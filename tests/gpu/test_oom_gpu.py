@@ -34,8 +34,10 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from gpuwatch.probe_channel.oom import OomRecord
 from tests.fake_torch_oom import format_size as size
 from tests.helpers import Daemon, child_env, wait_until
 
@@ -267,7 +269,8 @@ def scenario(tmp_path_factory):
 
     def seen(pid: int) -> bool:
         sample = daemon.state().get("sample") or {}
-        return any(p["pid"] == pid for g in sample.get("gpus", ()) for p in g["processes"])
+        return any(p["pid"] == pid for g in sample.get("gpus", ())
+                   for p in g.get("processes", ()))  # omitted when empty
 
     def adopted(pid: int, n: int) -> None:
         wait_until(lambda: len(ooms_of(events_of(ev_path), pid)) >= n, 30, 0.5,
@@ -341,10 +344,26 @@ MESSAGE = re.compile(r"Tried to allocate (\S+ \S+)\. GPU \d+ has a total capacit
                      r"(\S+ \S+) of which (\S+ \S+) is free")
 
 
+def _every_field(obj):
+    if isinstance(obj, msgspec.Struct):
+        return {f: _every_field(getattr(obj, f)) for f in obj.__struct_fields__}
+    if isinstance(obj, list):
+        return [_every_field(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _every_field(v) for k, v in obj.items()}
+    return obj
+
+
+def read_record(path: Path) -> dict:
+    """The record as the daemon's own model reads it, defaults included (the file omits
+    them)."""
+    return _every_field(msgspec.json.decode(path.read_bytes(), type=OomRecord))
+
+
 def check_against_torch(ev: dict, text: str) -> dict:
     m = MESSAGE.search(text)
     assert m, text
-    record = json.loads(Path(ev["oom"]["record"]).read_text())
+    record = read_record(Path(ev["oom"]["record"]))
     assert (size(record["request_bytes"]), size(record["device_free_bytes"])) == (
         m.group(1), m.group(3)), (record, text)
     assert size(record["device_total_bytes"]) == m.group(2)

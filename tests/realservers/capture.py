@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tests.realservers import build, servers
+from tests.realservers.client import OpenAIClient
 
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VERSIONS = {"vllm": build.VLLM, "triton": build.PYTRITON,
@@ -68,11 +69,17 @@ def capture(kind: str, out: Path) -> list[Path]:
         load.join()
         time.sleep(1.5)
         after = s.metrics()
+        phases = [("idle", idle), ("load", during), ("after", after)]
+        if kind == "vllm":
+            # what its HTTP layer counts and its engine does not: refused and abandoned requests
+            OpenAIClient(s.base, "tiny-llama").mix(ok=6, bad=6, abort=4, max_tokens=8)
+            time.sleep(1.5)
+            phases.append(("client", s.metrics()))
     finally:
         s.stop(timeout=30)
     cmd = f"python -m tests.realservers.capture {kind}"
     paths = []
-    for phase, text in (("idle", idle), ("load", during), ("after", after)):
+    for phase, text in phases:
         p = out / f"{NAMES[kind]}-real-{phase}.prom"
         p.write_text(f"# Captured from a real {VERSIONS[kind]} server, {phase}: `{cmd}`\n"
                      + text)

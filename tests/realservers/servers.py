@@ -85,7 +85,7 @@ class Vllm(Server):
     kind = "vllm"
 
     def __init__(self, workdir: Path, port: int | None = None, *extra: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, timeout: float = 480) -> None:
         port = port or free_port()
         model = vllm_model(workdir)
         argv = [str(built(build.vllm_python)), "-m", "vllm.entrypoints.openai.api_server",
@@ -97,7 +97,7 @@ class Vllm(Server):
         base = f"http://127.0.0.1:{port}"
         super().__init__(workdir, argv, f"vllm-{port}",
                          _env(VLLM_CPU_KVCACHE_SPACE="1", **(env or {})),
-                         base, base + "/metrics", timeout=240)
+                         base, base + "/metrics", timeout=timeout)
 
 
 class LlamaServer(Server):
@@ -124,12 +124,15 @@ class Triton(Server):
     health_path = "/v2/health/ready"
 
     def __init__(self, workdir: Path) -> None:
+        import secrets
+
         py = built(build.pytriton_python)
         http, grpc, metrics = free_port(), free_port(), free_port()
+        self.access_token = secrets.token_urlsafe(16)  # for its model-repository API
         # Its Python-backend stub links libpython by soname: point it at this interpreter's.
         libdir = sysconfig.get_config_var("LIBDIR") or ""
         env = _env(TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
-                   TRITON_METRICS_PORT=str(metrics),
+                   TRITON_METRICS_PORT=str(metrics), TRITON_ACCESS_TOKEN=self.access_token,
                    TRITON_WORKSPACE=str(workdir / f"triton-{http}"),
                    LD_LIBRARY_PATH=":".join(p for p in (libdir, os.environ.get(
                        "LD_LIBRARY_PATH", "")) if p))
@@ -137,8 +140,9 @@ class Triton(Server):
         super().__init__(workdir, [str(py), str(HERE / "triton_server.py")],
                          f"triton-{http}", env, base, f"http://127.0.0.1:{metrics}/metrics",
                          timeout=180)
-        wait_until(lambda: http_get(base + "/v2/models/scale/ready", 1.0)[0] == 200, 60,
-                   what="triton model ready")
+        for model in ("scale", "echo_text"):
+            wait_until(lambda m=model: http_get(f"{base}/v2/models/{m}/ready", 1.0)[0] == 200,
+                       60, what=f"triton model {model} ready")
 
 
 def _post(url: str, body: dict, timeout: float = 60.0) -> int:
@@ -178,6 +182,40 @@ def triton_infer(base: str, n: int, threads: int = 4) -> list[int]:
     with ThreadPoolExecutor(threads) as pool:
         return list(pool.map(lambda _: _post(base + "/v2/models/scale/infer", body),
                              range(min(n, MAX_REQUESTS))))
+
+
+class RoundRobin:
+    """One URL in front of several servers' /metrics, answering from each in turn: replicas
+    behind a load balancer, as a scraper sees them."""
+
+    def __init__(self, urls: list[str]) -> None:
+        import http.server
+        import itertools
+
+        turn = itertools.cycle(urls)
+        lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                with lock:
+                    url = next(turn)
+                code, body = http_get(url, 5.0)
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/metrics"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 class Background:

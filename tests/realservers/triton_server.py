@@ -22,7 +22,7 @@ import time
 import numpy as np
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 LOG = logging.getLogger("triton-demo")
@@ -62,7 +62,10 @@ def main():
         # bound shutdown: a model occasionally fails to unload and Triton waits 30 s by default
         exit_timeout_secs=5,
     )
-    with Triton(config=cfg, workspace=WORKSPACE) as triton:
+    # the model-repository API (load, unload) needs this token in the triton-access-token
+    # header; the tests that unload models know it
+    security = TritonSecurityConfig(access_token=os.environ.get("TRITON_ACCESS_TOKEN") or None)
+    with Triton(config=cfg, workspace=WORKSPACE, security_config=security) as triton:
         triton.bind(
             model_name="scale",
             infer_func=scale_fn,

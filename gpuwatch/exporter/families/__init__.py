@@ -14,11 +14,13 @@ MODULES = (
     "gpuwatch.exporter.families.gpu_depth",
     "gpuwatch.exporter.families.process",
     "gpuwatch.exporter.families.engines",
+    "gpuwatch.exporter.families.serving",
     "gpuwatch.exporter.families.memory_signals",
     "gpuwatch.exporter.families.remediation",
     "gpuwatch.exporter.families.allocator",
     "gpuwatch.exporter.families.attribution",
     "gpuwatch.exporter.families.oom",
+    "gpuwatch.exporter.families.http",
     "gpuwatch.exporter.families.otlp",
 )
 

@@ -19,11 +19,13 @@ from gpuwatch.signals.derived import EngineState
 LABELS = ["engine", "kind", "model"]
 
 
+def engine_states(snap: Snapshot) -> list[EngineState]:
+    return sorted((st for st in snap.derived.engines.values() if isinstance(st, EngineState)),
+                  key=lambda st: st.name)
+
+
 def collect(snap: Snapshot) -> Iterator[Metric]:
-    engines = sorted(
-        (st for st in snap.derived.engines.values() if isinstance(st, EngineState)),
-        key=lambda st: st.name,
-    )
+    engines = engine_states(snap)
     if not engines:
         return
     up = GaugeMetricFamily(
@@ -33,8 +35,32 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     )
     info = GaugeMetricFamily(
         "gpuwatch_engine_info",
-        "Engine identity (value 1): the metric generation read and the scraped URL.",
-        labels=[*LABELS, "generation", "url"],
+        "Engine identity (value 1): the metric generation read, the scraped URL and the "
+        "engine's version where it serves one (empty when unknown).",
+        labels=[*LABELS, "generation", "url", "version"],
+    )
+    restarts = CounterMetricFamily(
+        "gpuwatch_engine_restarts",
+        "Engine restarts seen: a new process start time, or counters that went back.",
+        labels=LABELS,
+    )
+    ambiguous = GaugeMetricFamily(
+        "gpuwatch_engine_ambiguous",
+        "1 while the engine's counters go back more than once a window with no start time "
+        "to tell processes apart (several processes behind its URL, or a crash loop): no "
+        "counter, rate, ratio or latency is derived from it then.",
+        labels=LABELS,
+    )
+    models = GaugeMetricFamily(
+        "gpuwatch_engine_models",
+        "Models the engine serves now, where it says (Triton); 0 is up with no model loaded.",
+        labels=LABELS,
+    )
+    floor = GaugeMetricFamily(
+        "gpuwatch_engine_kv_cache_hit_ratio_floor",
+        "The configured KV-cache hit-ratio floor ([signals.kv_cache] floor), where one is set: "
+        "the hit-ratio alert compares against it.",
+        labels=LABELS,
     )
     gpu = GaugeMetricFamily(
         "gpuwatch_engine_gpu_info",
@@ -68,19 +94,6 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         "counters report their own ratio (source=\"engine\").",
         labels=[*LABELS, "source"],
     )
-    # A summary: quantiles over gpuwatch's sliding window (interpolated from the engine's
-    # histogram bucket increases as histogram_quantile does), _count/_sum cumulative.
-    latency = Metric(
-        "gpuwatch_engine_queue_latency_seconds",
-        "Time requests waited in the engine's queue: windowed quantiles, cumulative count "
-        "and sum.",
-        "summary",
-    )
-    latency_mean = GaugeMetricFamily(
-        "gpuwatch_engine_queue_latency_mean_seconds",
-        "Mean queue time over the configured window.",
-        labels=LABELS,
-    )
     preemptions = CounterMetricFamily(
         "gpuwatch_engine_preemptions", "Requests preempted (or retracted) by the engine.",
         labels=LABELS,
@@ -106,10 +119,17 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         "gpuwatch_engine_scrape_duration_seconds", "Duration of the last scrape of the engine.",
         labels=LABELS,
     )
+    kv_floor = _kv_floor(snap)
     for st in engines:
         lv = [st.name, st.kind, st.model]
         up.add_metric(lv, 1.0 if st.up else 0.0)
-        info.add_metric([*lv, st.generation, st.url], 1.0)
+        info.add_metric([*lv, st.generation, st.url, st.version], 1.0)
+        restarts.add_metric(lv, float(st.restarts_total))
+        if st.up:
+            ambiguous.add_metric(lv, 1.0 if st.ambiguous else 0.0)
+        _add(models, lv, st.models_loaded if st.up else None)
+        if kv_floor and st.up and st.prefix_cache_queries_total is not None:
+            floor.add_metric(lv, kv_floor)
         for uuid, index in sorted(st.gpus.items()):
             gpu.add_metric([*lv, str(index), uuid], 1.0)
         if st.scrape_duration_seconds is not None:
@@ -121,83 +141,29 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         _add(hits, [*lv, unit], st.prefix_cache_hits_total)
         _add(queries, [*lv, unit], st.prefix_cache_queries_total)
         _add(hit_ratio, [*lv, st.kv_cache_hit_ratio_source], st.kv_cache_hit_ratio)
-        labels = dict(zip(LABELS, lv, strict=True))
-        name = "gpuwatch_engine_queue_latency_seconds"
-        for q, v in sorted(st.queue_latency_seconds.items(), key=lambda kv: float(kv[0])):
-            latency.add_sample(name, {**labels, "quantile": q}, v)
-        if st.queue_requests_total is not None and st.queue_seconds_total is not None:
-            latency.add_sample(name + "_count", labels, st.queue_requests_total)
-            latency.add_sample(name + "_sum", labels, st.queue_seconds_total)
-        _add(latency_mean, lv, st.queue_latency_mean_seconds)
         _add(preemptions, lv, st.preemptions_total)
         _add(preemption_rate, lv, st.preemption_rate_per_second)
         _add(sleep, lv, st.sleep_level)
         _add(kv_pool, lv, st.kv_pool_tokens)
-    for fam in (up, info, gpu, running, waiting, kv_usage, hits, queries, hit_ratio, latency,
-                latency_mean, preemptions, preemption_rate, sleep, kv_pool, scrape):
-        if fam.samples:
-            yield fam
-    yield from sli_families(engines)
-
-
-def _add(fam, labels: list[str], value: float | None) -> None:
-    if value is not None:
-        fam.add_metric(labels, value)
-
-
-# Serving SLIs: gpuwatch name, what it measures.
-SLI_FAMILIES = {
-    "ttft": ("gpuwatch_engine_time_to_first_token",
-             "Time from a request's arrival to its first output token"),
-    "itl": ("gpuwatch_engine_inter_token_latency",
-            "Time between output tokens (per-request TPOT where the engine has only that)"),
-    "e2e": ("gpuwatch_engine_e2e_request_latency", "End-to-end request latency"),
-}
-
-
-def sli_families(engines: list[EngineState]) -> Iterator[Metric]:
-    fams: list[Metric] = []
-    for sli, (base, what) in SLI_FAMILIES.items():
-        name = base + "_seconds"
-        summary = Metric(name, f"{what}: quantiles over gpuwatch's window (from the engine's "
-                         "histogram bucket increases), cumulative count and sum.", "summary")
-        mean = GaugeMetricFamily(base + "_mean_seconds", f"{what}: mean over the window, "
-                                 "for engines that expose only a sum and a count.",
-                                 labels=LABELS)
-        for st in engines:
-            labels = dict(zip(LABELS, [st.name, st.kind, st.model], strict=True))
-            qs = st.sli_quantiles_seconds.get(sli, {})
-            for q, v in sorted(qs.items(), key=lambda kv: float(kv[0])):
-                summary.add_sample(name, {**labels, "quantile": q}, v)
-            if sli in st.sli_requests_total and sli in st.sli_seconds_total:
-                summary.add_sample(name + "_count", labels, st.sli_requests_total[sli])
-                summary.add_sample(name + "_sum", labels, st.sli_seconds_total[sli])
-            _add(mean, list(labels.values()), st.sli_mean_seconds.get(sli))
-        fams += [summary, mean]
-    prompt = CounterMetricFamily("gpuwatch_engine_prompt_tokens",
-                                 "Prompt (prefill) tokens, cached ones included.", labels=LABELS)
-    generation = CounterMetricFamily("gpuwatch_engine_generation_tokens",
-                                     "Generated (output) tokens.", labels=LABELS)
-    finished = CounterMetricFamily(
-        "gpuwatch_engine_requests_finished",
-        "Requests finished, by reason: stop, length, abort, error, ok (the engine does not "
-        "say why), other.", labels=[*LABELS, "reason"])
-    errors = GaugeMetricFamily(
-        "gpuwatch_engine_request_error_ratio",
-        "Requests finished with an error / all finished requests, over the window.",
-        labels=LABELS)
     by_reason = GaugeMetricFamily(
         "gpuwatch_engine_requests_waiting_by_reason",
         "Requests waiting, by the engine's reason (vLLM: capacity, deferred).",
         labels=[*LABELS, "reason"])
     for st in engines:
-        lv = [st.name, st.kind, st.model]
-        _add(prompt, lv, st.prompt_tokens_total)
-        _add(generation, lv, st.generation_tokens_total)
-        for reason, v in sorted(st.requests_finished_total.items()):
-            finished.add_metric([*lv, reason], v)
-        _add(errors, lv, st.request_error_ratio)
         for reason, v in sorted(st.requests_waiting_by_reason.items()):
-            by_reason.add_metric([*lv, reason], v)
-    fams += [prompt, generation, finished, errors, by_reason]
-    yield from (f for f in fams if f.samples)
+            by_reason.add_metric([st.name, st.kind, st.model, reason], v)
+    for fam in (up, info, restarts, ambiguous, models, gpu, running, waiting, by_reason,
+                kv_usage, hits, queries, hit_ratio, floor, preemptions, preemption_rate, sleep,
+                kv_pool, scrape):
+        if fam.samples:
+            yield fam
+
+
+def _kv_floor(snap: Snapshot) -> float:
+    kv = getattr(getattr(snap.config, "signals", None), "kv_cache", None)
+    return float(getattr(kv, "floor", 0.0) or 0.0)
+
+
+def _add(fam, labels: list[str], value: float | None) -> None:
+    if value is not None:
+        fam.add_metric(labels, value)

@@ -44,8 +44,16 @@ def inference_engines(p: RuleParams | None = None) -> g.Dashboard:
              w=6, h=6, text_mode="value_and_name",
              overrides=[by_name("down", color=fixed("red"))]),
         table(grid, "Engines", "Engine, kind and model per host.",
-              [(f"gpuwatch_engine_up{{{e}}}", "")], "none", w=18, h=6,
+              [(f"gpuwatch_engine_up{{{e}}}", "")], "none", w=12, h=6,
               mappings=UP_MAPPINGS),
+        timeseries(grid, "Restarts", "Engine restarts in the interval: a new process start "
+                   "time, or counters that went back. Ambiguous: several processes behind "
+                   "one URL (nothing is derived from its counters then).",
+                   [(f"increase(gpuwatch_engine_restarts_total{{{e}}}[$__rate_interval])",
+                     f"{el} restarts"),
+                    (f"gpuwatch_engine_ambiguous{{{e}}}", f"{el} ambiguous")],
+                   "short", w=6, h=6, bars=True,
+                   overrides=[by_regex(".* ambiguous$", color=fixed("red"))]),
         grid.row("Queue"),
         timeseries(grid, "Queue depth", "Requests waiting for a batch slot.",
                    [(f"gpuwatch_engine_requests_waiting{{{e}}}", el)], "short", w=8),
@@ -56,9 +64,13 @@ def inference_engines(p: RuleParams | None = None) -> g.Dashboard:
                      "{{model}}")], "short", w=8),
         timeseries(grid, "Queue latency quantiles",
                    "Time from entering the scheduler queue to the start of execution, "
-                   "quantiles over gpuwatch's window of the engine's histogram.",
-                   [(f"gpuwatch_engine_queue_latency_seconds{{{e}}}",
-                     f"{el} q{{{{quantile}}}}")], "s", w=24,
+                   "quantiles over gpuwatch's window of the engine's histogram (one in the "
+                   "engine's first bucket is drawn at that bucket's bound: at most that), "
+                   "and the mean.",
+                   [(f"gpuwatch_engine_queue_latency_window_seconds{{{e}}}",
+                     f"{el} q{{{{quantile}}}}"),
+                    (f"gpuwatch_engine_queue_latency_mean_seconds{{{e}}}", f"{el} mean")],
+                   "s", w=24,
                    thresholds=steps(("green", None), ("red", p.queue_latency_slo_seconds)),
                    threshold_lines=True),
         grid.row("KV cache"),
@@ -69,11 +81,11 @@ def inference_engines(p: RuleParams | None = None) -> g.Dashboard:
                    "Hit tokens over queried tokens from the engines' counters; dashed: "
                    "gpuwatch's windowed gauge.",
                    [(hit_ratio("instance, engine, model"), el),
-                    (f"gpuwatch_engine_kv_cache_hit_ratio{{{e}}}", f"{el} gpuwatch window")],
+                    (f"gpuwatch_engine_kv_cache_hit_ratio{{{e}}}", f"{el} gpuwatch window"),
+                    (f"gpuwatch_engine_kv_cache_hit_ratio_floor{{{e}}}", f"{el} floor")],
                    "percentunit", w=8, value_min=0, value_max=1,
-                   thresholds=steps(("red", None), ("green", p.kv_hit_ratio_min)),
-                   threshold_lines=True,
-                   overrides=[by_regex(".* gpuwatch window$", custom__lineStyle=DASH)]),
+                   overrides=[by_regex(".* gpuwatch window$", custom__lineStyle=DASH),
+                              by_regex(".* floor$", color=fixed("red"))]),
         timeseries(grid, "Prefix cache hit ratio per model",
                    "All engines serving a model together (summed counters).",
                    [(hit_ratio("model"), "{{model}}")], "percentunit", w=8,
@@ -111,21 +123,29 @@ def serving_row(grid: Grid, p: RuleParams) -> list:
     row.repeat = g.Repeat(direction="h", variable="model")
 
     def latency(title: str, desc: str, metric: str, slo: float | None):
-        # one target: the quantiles, or the mean (quantile="mean") of engines without them
-        expr = (f'gpuwatch_engine_{metric}_seconds{{{e},quantile=~"0.5|{q}|0.99"}}\nor\n'
-                f'label_replace(gpuwatch_engine_{metric}_mean_seconds{{{e}}}, "quantile", '
-                f'"mean", "", "")')
-        return timeseries(grid, title, desc + " Quantiles over gpuwatch's window of the "
-                          "engine's histogram; the mean where the engine has no histogram.",
-                          [(expr, f"{el} {{{{quantile}}}}")], "s", w=8,
+        # gpuwatch's window per engine, the mean, and the quantile across every replica of
+        # the model from the histograms on gpuwatch's one bucket layout
+        per_engine = (f'gpuwatch_engine_{metric}_window_seconds{{{e},quantile=~"0.5|{q}|0.99"}}')
+        mean = f"gpuwatch_engine_{metric}_mean_seconds{{{e}}}"
+        fleet = (f"histogram_quantile({q}, sum by (le) (rate(gpuwatch_engine_{metric}"
+                 f"_seconds_bucket{{{e}}}[$__rate_interval])))")
+        return timeseries(grid, title, desc + " Per engine: quantiles over gpuwatch's window "
+                          "of the engine's histogram (Triton: its own), and the mean; all "
+                          f"replicas: p{float(q) * 100:g} from the histograms.",
+                          [(per_engine, f"{el} {{{{quantile}}}}"), (mean, f"{el} mean"),
+                           (fleet, f"all replicas p{float(q) * 100:g}")], "s", w=8,
                           thresholds=steps(("green", None), ("red", slo)) if slo else None,
-                          threshold_lines=slo is not None)
+                          threshold_lines=slo is not None,
+                          overrides=[by_regex("^all replicas.*", custom__lineWidth=3)])
 
     def rate(metric: str, by: str, extra: str = "") -> str:
         return (f"sum by ({by}) (rate(gpuwatch_engine_{metric}_total{{{e}{extra}}}"
                 f"[$__rate_interval]))")
 
-    errors = rate("requests_finished", "model", ',reason="error"')
+    def ratio(metric: str, label: str) -> str:
+        return rate(metric, "model", f',{label}="error"') + "\n/\n" + rate(metric, "model")
+
+    budget = round(1 - p.availability_objective, 10)
     return [
         row,
         latency("Time to first token", "Arrival to first output token.",
@@ -142,13 +162,13 @@ def serving_row(grid: Grid, p: RuleParams) -> list:
                    "length, abort, error, ok (the engine does not say why), other.",
                    [(rate("requests_finished", "reason"), "{{reason}}")], "reqps", w=8,
                    stack=True, overrides=[by_name("error", color=fixed("red"))]),
-        timeseries(grid, "Error ratio", "Requests finished with an error over all finished "
-                   "requests (summed counters of the model's engines).",
-                   [(errors + "\n/\n" + rate("requests_finished", "model"), "{{model}}")],
-                   "percentunit",
-                   w=8, value_min=0, thresholds=steps(("green", None),
-                                                      ("red", p.error_ratio_max)),
-                   threshold_lines=True),
+        timeseries(grid, "Error ratio", "Failed over all requests, summed counters of the "
+                   "model's engines: as clients were answered (the engine's HTTP layer: "
+                   "refused requests too) and as the engine finished them.",
+                   [(ratio("client_requests", "outcome"), "as clients were answered"),
+                    (ratio("requests_finished", "reason"), "as the engine finished them")],
+                   "percentunit", w=8, value_min=0,
+                   thresholds=steps(("green", None), ("red", budget)), threshold_lines=True),
         timeseries(grid, "Waiting requests by reason", "Why requests wait (vLLM: capacity, "
                    "deferred).",
                    [(f"sum by (reason) (gpuwatch_engine_requests_waiting_by_reason{{{e}}})",

@@ -19,37 +19,21 @@ from __future__ import annotations
 
 import math
 
-QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240,
-                 480, 960, 1920, 7680)
-REQUESTS_PER_SECOND = 4.0
-PROMPT_TOKENS_PER_REQUEST = 500.0
-PREEMPT_EVERY_SECONDS = 90.0
-QUEUE_SIGMA = 0.9
-SEGMENT_SECONDS = 60.0
-QUEUE_MEDIANS = tuple(0.25 + 0.1 * math.sin(2 * math.pi * k / 6) for k in range(6))
+from gpuwatch.sources.simulate.serving_text import serving_lines
+from gpuwatch.sources.simulate.workload import (
+    PREEMPT_EVERY_SECONDS,
+    PROMPT_TOKENS_PER_REQUEST,
+    QUEUE_BUCKETS,
+    QUEUE_SIGMA,
+    REQUESTS_PER_SECOND,
+    finished_total,
+    lognormal_cdf,
+    queries_total,
+    queue_seconds_total,
+    segments_integral,
+)
+
 HIT_RATIO_MEAN, HIT_RATIO_SWING, HIT_RATIO_PERIOD = 0.62, 0.12, 300.0
-
-
-def _lognormal_cdf(x: float, median: float, sigma: float) -> float:
-    return 0.5 * (1 + math.erf((math.log(x) - math.log(median)) / (sigma * math.sqrt(2))))
-
-
-def _segments_integral(e: float, f) -> float:
-    """Integral over [0, e] of f(median) with the median piecewise constant per segment."""
-    cycle = SEGMENT_SECONDS * len(QUEUE_MEDIANS)
-    full, rest = divmod(e, cycle)
-    total = full * SEGMENT_SECONDS * math.fsum(f(m) for m in QUEUE_MEDIANS)
-    k = 0
-    while rest > 0:
-        span = min(rest, SEGMENT_SECONDS)
-        total += span * f(QUEUE_MEDIANS[k])
-        rest -= span
-        k += 1
-    return total
-
-
-def queries_total(e: float) -> float:
-    return float(math.floor(REQUESTS_PER_SECOND * PROMPT_TOKENS_PER_REQUEST * max(e, 0.0)))
 
 
 def hits_total(e: float) -> float:
@@ -57,10 +41,6 @@ def hits_total(e: float) -> float:
     swing = HIT_RATIO_SWING * HIT_RATIO_PERIOD * (1 - math.cos(e / HIT_RATIO_PERIOD))
     rate = REQUESTS_PER_SECOND * PROMPT_TOKENS_PER_REQUEST
     return float(min(math.floor(rate * (HIT_RATIO_MEAN * e + swing)), queries_total(e)))
-
-
-def finished_total(e: float) -> float:
-    return float(math.floor(REQUESTS_PER_SECOND * max(e, 0.0)))
 
 
 def preemptions_total(e: float) -> float:
@@ -72,15 +52,10 @@ def queue_buckets(e: float) -> list[float]:
     e = max(e, 0.0)
     finished = finished_total(e)
     return [
-        min(float(math.floor(REQUESTS_PER_SECOND * _segments_integral(
-            e, lambda m, le=le: _lognormal_cdf(le, m, QUEUE_SIGMA)))), finished)
+        min(float(math.floor(REQUESTS_PER_SECOND * segments_integral(
+            e, lambda m, le=le: lognormal_cdf(le, m, QUEUE_SIGMA)))), finished)
         for le in QUEUE_BUCKETS
     ]
-
-
-def queue_seconds_total(e: float) -> float:
-    mean = math.exp(QUEUE_SIGMA**2 / 2)
-    return round(REQUESTS_PER_SECOND * _segments_integral(max(e, 0.0), lambda m: m * mean), 3)
 
 
 def _fmt(v: float) -> str:
@@ -138,7 +113,5 @@ def vllm_exposition(elapsed: float, model: str, engine_index: str = "0",
         f'"True",engine="{engine_index}",gpu_memory_utilization="{gpu_memory_utilization}",'
         f'num_cpu_blocks="0",num_gpu_blocks="{num_gpu_blocks}"}} 1.0',
     ]
-    from gpuwatch.sources.simulate.serving_text import serving_lines  # it imports this module
-
     lines += serving_lines(e, model, engine_index, waiting)
     return "\n".join(lines) + "\n"

@@ -7,14 +7,16 @@ guarantees (counters and buckets only grow, +Inf equals _count). For elapsed tim
   E2E_EXTRA of prefill and decode; both counted for every request that left the queue;
 - ITL is lognormal around ITL_MEDIAN, one observation per generated token after the first;
 - prompt tokens are the prefix-cache queries; generated tokens GEN_TOKENS_PER_REQUEST per
-  request; finished requests floor(rate * e) per reason, errors one every ERROR_EVERY s.
+  request; finished requests floor(rate * e) per reason, errors one every ERROR_EVERY s;
+- the HTTP layer answered every finished request with a 2xx, and refused one bad request
+  every REFUSED_EVERY s with a 4xx.
 """
 
 from __future__ import annotations
 
 import math
 
-from gpuwatch.sources.simulate import engine_text as base
+import gpuwatch.sources.simulate.workload as base
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0)
@@ -23,12 +25,13 @@ TTFT_EXTRA, E2E_EXTRA, ITL_MEDIAN, SIGMA = 0.12, 3.0, 0.025, 0.5
 GEN_TOKENS_PER_REQUEST = 120.0
 REASON_RATES = {"stop": 3.5, "length": 0.45}  # requests per second
 ERROR_EVERY, ABORT_EVERY = 120.0, 45.0
+REFUSED_EVERY = 20.0  # a bad request the HTTP layer refuses (400) before the engine sees it
 
 
 def _shifted(e: float, le: float, extra: float) -> float:
     rate = base.REQUESTS_PER_SECOND
-    return float(math.floor(rate * base._segments_integral(
-        e, lambda m: base._lognormal_cdf(le, m + extra, base.QUEUE_SIGMA))))
+    return float(math.floor(rate * base.segments_integral(
+        e, lambda m: base.lognormal_cdf(le, m + extra, base.QUEUE_SIGMA))))
 
 
 def generation_total(e: float) -> float:
@@ -69,7 +72,7 @@ def serving_lines(elapsed: float, model: str, engine: str, waiting: int) -> list
                             engine, model)
     tokens = generation_total(e)
     itl_n = max(tokens - done, 0.0)
-    itl = [float(math.floor(itl_n * base._lognormal_cdf(le, ITL_MEDIAN, SIGMA)))
+    itl = [float(math.floor(itl_n * base.lognormal_cdf(le, ITL_MEDIAN, SIGMA)))
            for le in ITL_BUCKETS]
     mean = ITL_MEDIAN * math.exp(SIGMA**2 / 2)
     lines += _histogram("vllm:inter_token_latency_seconds", labels, ITL_BUCKETS, itl, itl_n,
@@ -82,6 +85,13 @@ def serving_lines(elapsed: float, model: str, engine: str, waiting: int) -> list
         "# TYPE vllm:request_success_total counter",
         *(f'vllm:request_success_total{{engine="{engine}",finished_reason="{r}",'
           f'model_name="{model}"}} {v!r}' for r, v in finished_by_reason(e).items()),
+        # its API server's HTTP layer: the refused requests, and everything the engine
+        # finished (an abandoned stream is still a 200 there)
+        "# TYPE http_requests_total counter",
+        f'http_requests_total{{handler="/v1/completions",method="POST",status="2xx"}} '
+        f"{sum(finished_by_reason(e).values())!r}",
+        f'http_requests_total{{handler="/v1/completions",method="POST",status="4xx"}} '
+        f"{float(math.floor(e / REFUSED_EVERY))!r}",
         "# TYPE vllm:num_requests_waiting_by_reason gauge",
         f'vllm:num_requests_waiting_by_reason{{{labels},reason="capacity"}} {float(waiting)!r}',
         f'vllm:num_requests_waiting_by_reason{{{labels},reason="deferred"}} 0.0',
