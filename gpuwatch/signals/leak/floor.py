@@ -118,8 +118,12 @@ class RetainedFloor:
         while st and st[-1][1] > m + tol:
             st.pop()
             above = True
-        if above and st:  # back within tol of a level left, every block between above it
-            self._returns.push(t_end, (k - st[-1][0]) * self.block_s)
+        if above and st:
+            # back within tol of a level left, every block between above it: the newest
+            # level not above this one beyond the floor's own jitter (a sawtooth's last
+            # trough, not a level partway up its ramp, which a drop's tol also reaches)
+            back = next((kk for kk, vv in reversed(st) if vv <= m + self.tol), st[-1][0])
+            self._returns.push(t_end, (k - back) * self.block_s)
         while st and st[-1][1] >= m:
             st.pop()
         st.append((k, m))

@@ -238,10 +238,10 @@ class LeakSeries:
             since_t = t if held is None else held[0]
             self._since[key] = (since_t, False)
             # growth that never paused holds until it kept loading_confirm_bytes more at
-            # its pace: the first ramp of a sawtooth after a load climbs like a leak until
-            # it comes back down, a leak goes on
+            # its pace (at most confirm_seconds): the first ramp of a sawtooth after a load
+            # climbs like a leak until it comes back down, a leak goes on
             confirm = (max(c.confirm_share * c.loading_min_scale_seconds,
-                           c.loading_confirm_bytes / max(e.rate, 1.0))
+                           min(c.loading_confirm_bytes / max(e.rate, 1.0), c.confirm_seconds))
                        if key == math.inf else confirm_time(c, e.scale))
             confirmed = t - since_t >= confirm
             if confirmed and (best is None or e.rate > best.rate):
