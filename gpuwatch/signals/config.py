@@ -48,7 +48,7 @@ class LifecycleConfig(Section, kw_only=True):
     steep_pause_seconds: PositiveFloat = 20.0
     # Growth before the first pause is taken for loading this long after the start; past
     # it, growth that keeps a steady pace is judged (a smooth load of 3 min is not).
-    loading_max_seconds: PositiveFloat = 240.0
+    loading_max_seconds: PositiveFloat = 300.0
     # Retained memory has not risen by settle_bytes for this long after loading: steady.
     warmup_settle_seconds: PositiveFloat = 180.0
     # Steady at the latest this long after the process started (a process found older

@@ -273,9 +273,10 @@ class MemoryAnalyzer:
         """The GPU's projection (signals/projection.py), fed each process's retained memory
         and the GPU's own series' once per block."""
         proj = gstate.projection
-        lc = self.cfg.leak
         if proj is None:
-            proj = gstate.projection = GpuProjection(lc, self.params.warn_on)
+            # a sum of series: its floor wanders with the beat of its members' steps, so it
+            # is judged on the sum's longer scales, like the GPU's own series without figures
+            proj = gstate.projection = GpuProjection(self.sum_params.cfg, self.params.warn_on)
         if not proj.due(t):
             return proj.current
         members: dict[int, tuple[float | None, bool]] = {}

@@ -178,7 +178,10 @@ class Scales:
             step = 1 + n // 64
             first = theil_sen((-j, f.at(j)) for j in range(n, half - 1, -step))
             second = theil_sen((-j, f.at(j)) for j in range(half, -1, -step))
-            shaped = (self._steps_ok(marks, rise, part_ratio) and first is not None
+            # and it still grows: a load that has ended is flat since
+            recent = f.at(0) - f.at(min(2, n))  # type: ignore[operator]
+            shaped = (recent >= self.part_share * rise * min(2, n) / n
+                      and self._steps_ok(marks, rise, part_ratio) and first is not None
                       and second is not None and first > 0
                       and second >= steady_ratio * first)
         return Evidence(scale, rise / scale, rise, noise, rising, shaped)
