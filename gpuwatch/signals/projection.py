@@ -8,7 +8,8 @@ that joins is taken as if it had always held what it first held, and one that le
 it had never been there: a process starting or exiting is not growth. Planned pools are
 already in the members' floors (a pool growing to its plan is not growth).
 
-The sum is judged by the same scales as one series (signals/leak/scales.py): it must rise
+The sum is judged by the same tests as one series (signals/leak/scales.py), on the sum's
+longer scales (sum_window_factor): it must rise
 beyond the sum's own noise and the minimum rise, through all of its window and keeping its
 pace, at the warning slope at least (a time to OOM is shown only then; the horizons judge
 it).

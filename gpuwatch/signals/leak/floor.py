@@ -12,12 +12,13 @@ A return is a block whose value comes back within the series' tolerance (six tim
 lower quartile of the gap between a block's two lowest samples, about three times the
 floor's own jitter; at least `tol_bytes`; at least half the drop that brought it back: the
 troughs of a sawtooth rise as memory grows under it) of an earlier block, with every block in
-between above that; the return period is the longest return seen over the last
-`memory_seconds`, with a margin of a fifth (returns are measured to the block and within the
-tolerance, which cuts a sawtooth's ramp short). A fall to a level below everything in the
-longest floor window is memory given back, not a return. When the floor window changes, the
-retained series is recomputed from the block values, so a wider window never shows as a
-fall, nor a narrower one as a rise.
+between above that (the newest such block not above it beyond its jitter: the sawtooth's
+last trough, not a level partway up its ramp); the return period is the longest return
+seen over the last `memory_seconds`, with a margin of a fifth (returns are measured to the
+block and within the tolerance, which cuts a sawtooth's ramp short). A fall to a level
+below everything in the longest floor window is memory given back, not a return. When the
+floor window changes, the retained series is recomputed from the block values, so a wider
+window never shows as a fall, nor a narrower one as a rise.
 
 Work per sample is O(1) amortised: a block's close costs one pass over the floor window
 (at most `max_window / block` values) and one over the last 32 block-to-block changes.
