@@ -144,7 +144,7 @@ def test_mixed_report_gpus_engine_and_slow_leak(mixed_recording, browser, tmp_pa
     leak = next(r for r in rows if r[2] == "memory_leak")
     assert "pid 44000 (tokenizer-svc)" in leak[3]
     per_min = float(re.fullmatch(r"([\d.]+) MiB/min", leak[4]).group(1))
-    assert 24 <= per_min <= 34  # 0.5 MB/s = 28.6 MiB/min
+    assert 24 <= per_min <= 36  # 0.5 MB/s = 28.6 MiB/min (the shortest rising scale's rise)
     assert re.fullmatch(r"[\d.]+ h", leak[6])
     labels = browser.text("h3.series[data-pid='44000'] + p + figure text.vlab")
     onset = next(t for t in labels if t.startswith("onset"))
