@@ -114,30 +114,101 @@ def test_delta_temporality_sends_changes_cumulative_sends_totals():
     assert usage[0][1].sum.aggregation_temporality == pb.AGGREGATION_TEMPORALITY_CUMULATIVE
 
 
-def test_gen_ai_histograms_on_the_recommended_buckets():
-    layout = pytest.importorskip(
-        "gpuwatch.exposition.layout",
-        reason="gpuwatch's one bucket layout for engine latencies (the serving work) has not "
-               "landed: no engine histograms to map onto gen_ai.server.*")
-    from gpuwatch.otlp.encode import GEN_AI_BUCKETS
+def _engine(cum: dict[str, list[float]], seconds: dict[str, float], **kw):
     from gpuwatch.signals.derived import EngineState
 
-    bounds = layout.BOUNDS
+    st = EngineState(name="vllm-0", kind="vllm", model="m", up=True, **kw)
+    st.sli_buckets, st.sli_seconds_total = cum, seconds
+    return st
+
+
+def _histograms(enc: Encoder, t: float, *engines) -> dict[str, list]:
+    snap = _snap(t)
+    for st in engines:
+        snap.derived.engines[st.name] = st
+    return {name: [p for _, m in ms for p in m.histogram.data_points]
+            for name, ms in _decode(enc.encode(snap)).items() if name.startswith("gen_ai.")}
+
+
+def test_gen_ai_histograms_on_the_recommended_buckets():
+    from gpuwatch.exposition.layout import BOUNDS
+    from gpuwatch.otlp.encode import GEN_AI_BUCKETS
+
     # 100 requests, uniform over the first half second: cumulative counts on gpuwatch's layout
-    cum = [min(b / 0.5, 1.0) * 100 for b in bounds] + [100.0]
-    st = EngineState(name="vllm-0", kind="vllm", model="m", up=True)
-    st.sli_buckets = {"ttft": cum}
-    st.sli_seconds_total = {"ttft": 25.0}
+    uniform = [min(b / 0.5, 1.0) * 100 for b in BOUNDS] + [100.0]
+    st = _engine({"ttft": uniform, "itl": uniform, "e2e": uniform},
+                 {"ttft": 25.0, "itl": 25.0, "e2e": 25.0})
     snap = _snap(1000.0)
     snap.derived.engines["vllm-0"] = st
-    (_res, m), = _decode(Encoder("h").encode(snap))["gen_ai.server.time_to_first_token"]
-    p, = m.histogram.data_points
-    assert list(p.explicit_bounds) == list(GEN_AI_BUCKETS["ttft"][2]) and m.unit == "s"
-    assert p.count == 100 and sum(p.bucket_counts) == 100 and p.sum == 25.0
-    assert p.bucket_counts[list(p.explicit_bounds).index(0.25)] == round(
-        (0.25 - 0.1) / 0.5 * 100)
-    attrs = {a.key: a.value.string_value for a in p.attributes}
-    assert attrs["gen_ai.request.model"] == "m" and attrs["gen_ai.provider.name"] == "vllm"
+    decoded = _decode(Encoder("h").encode(snap))
+    for name, _, recommended in GEN_AI_BUCKETS.values():
+        (_res, m), = decoded[name]
+        p, = m.histogram.data_points
+        assert list(p.explicit_bounds) == list(recommended) and m.unit == "s"
+        assert m.histogram.aggregation_temporality == pb.AGGREGATION_TEMPORALITY_CUMULATIVE
+        assert p.count == 100 and sum(p.bucket_counts) == 100 and p.sum == 25.0
+        assert len(p.bucket_counts) == len(recommended) + 1
+        attrs = {a.key: a.value.string_value for a in p.attributes}
+        assert attrs["gen_ai.request.model"] == "m" and attrs["gen_ai.provider.name"] == "vllm"
+        # each bucket holds what the layout's distribution puts between its bounds
+        lower = [0.0, *recommended]
+        for k, hi in enumerate(recommended):
+            want = 100 * (min(hi, 0.5) - min(lower[k], 0.5)) / 0.5
+            assert abs(p.bucket_counts[k] - want) <= 1, (name, hi, list(p.bucket_counts))
+    # time to first token and time per output token: the conventions' boundaries are layout
+    # bounds, so the buckets are the layout's own counts, summed
+    for sli in ("ttft", "itl"):
+        assert set(GEN_AI_BUCKETS[sli][2]) <= set(BOUNDS), sli
+
+
+def test_gen_ai_histograms_count_whole_requests_per_model_and_temporality():
+    from gpuwatch.exposition.layout import BOUNDS
+    from gpuwatch.signals.derived import ModelSlis
+
+    def model(n: float, early: float = 1 / 3) -> ModelSlis:
+        """n requests, a share `early` at 0.3 s, the rest at 0.9 s (mapped engine buckets
+        need not be whole)."""
+        cum = [n * early * (b >= 0.3) + n * (1 - early) * (b >= 0.9) for b in BOUNDS] + [n]
+        return ModelSlis(sli_buckets={"ttft": cum}, sli_seconds_total={"ttft": 0.7 * n})
+
+    def points(enc: Encoder, t: float, st) -> dict[str, object]:
+        return {next(a.value.string_value for a in p.attributes
+                     if a.key == "gen_ai.request.model"): p
+                for p in _histograms(enc, t, st)["gen_ai.server.time_to_first_token"]}
+
+    for delta in (False, True):
+        enc = Encoder("h", delta=delta)
+        st = _engine({}, {}, models={"a": model(10.0), "b": model(7.0),
+                                     "c": model(1.0, 0.5)})
+        first = points(enc, 1000.0, st)
+        st.models["a"] = model(30.0)
+        second = points(enc, 1001.0, st)
+        assert set(first) == set(second) == {"a", "b", "c"}
+        for p in (*first.values(), *second.values()):  # whole requests, adding up
+            assert sum(p.bucket_counts) == p.count, p
+        # 7 requests: 2.33 at 0.3 s (bucket 0.25-0.5) and 4.67 at 0.9 s (0.75-1.0): 2 and 5
+        b = first["b"]
+        assert (b.count, b.bucket_counts[9], b.bucket_counts[11]) == (7, 2, 5)
+        assert first["c"].count == 1  # half a request in each bucket is still one
+        a = second["a"]
+        if delta:  # the change since the last push, from its time
+            assert (a.count, a.sum, second["b"].count) == (20, pytest.approx(14.0), 0)
+            assert a.start_time_unix_nano == round(1000.0e9)
+        else:  # totals since the process start
+            assert (a.count, a.sum, second["b"].count) == (30, pytest.approx(21.0), 7)
+            assert a.start_time_unix_nano == round((1001.0 - 100) * 1e9)  # the start
+
+
+def test_no_gen_ai_histograms_from_a_down_or_ambiguous_engine():
+    from gpuwatch.exposition.layout import BOUNDS
+
+    buckets = {"ttft": [1.0] * len(BOUNDS) + [1.0]}
+    assert _histograms(Encoder("h"), 1000.0, _engine(buckets, {"ttft": 0.1}))
+    for kw in ({"up": False}, {"ambiguous": True}):
+        st = _engine(buckets, {"ttft": 0.1})
+        for k, v in kw.items():
+            setattr(st, k, v)
+        assert _histograms(Encoder("h"), 1000.0, st) == {}, kw
 
 # -- configuration ---------------------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 """OTLP in a real receiver (Debian 13's VictoriaMetrics, its OTLP/HTTP endpoint, queried by
 PromQL): the semantic conventions' translated names, the same values as /metrics on the same
-tick; a reload starts and stops the push."""
+tick, the gen_ai.server.* histograms with /metrics' buckets; a reload starts and stops the
+push."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -77,8 +79,48 @@ def test_otlp_lands_in_victoria_metrics_with_semconv_names(daemon, tmp_path):
             assert len(s["metric"]) <= 15, s["metric"]
         pushed = [v for n, _, v in parse(d.metrics()) if n == "gpuwatch_otlp_pushed_requests_total"]
         assert pushed and pushed[0] >= 1
+        _histograms_match(d, prom)
     finally:
         prom.stop()
+
+
+def _histograms_match(d, prom) -> None:
+    """gen_ai.server.* arrive as histograms on the conventions' boundaries, their buckets
+    /metrics' own at those bounds (layout bounds for TTFT and TPOT) on the same engine
+    scrape, whole requests."""
+    from gpuwatch.otlp.encode import GEN_AI_BUCKETS
+
+    pairs = {"ttft": ("gen_ai_server_time_to_first_token_seconds",
+                      "gpuwatch_engine_time_to_first_token_seconds"),
+             "itl": ("gen_ai_server_time_per_output_token_seconds",
+                     "gpuwatch_engine_inter_token_latency_seconds")}
+
+    def both() -> dict | None:
+        out = {}
+        for sli, (pushed, family) in pairs.items():
+            want = {float(lab["le"]): v for n, lab, v in parse(d.metrics())
+                    if n == family + "_bucket"}
+            got = {float(s["metric"]["le"]): float(s["value"][1])
+                   for s in prom.query(pushed + "_bucket")}
+            count = prom.query(pushed + "_count")
+            if not want or not got or not count:
+                return None
+            out[sli] = want, got, float(count[0]["value"][1])
+        return out
+
+    def agree():
+        seen = both()
+        if seen is None:
+            return None
+        for sli, (want, got, count) in seen.items():
+            bounds = [*GEN_AI_BUCKETS[sli][2], math.inf]
+            if sorted(got) != bounds or count != round(want[math.inf]):
+                return None  # a newer engine scrape on one side: read both again
+            if any(got[b] != round(want[b]) for b in bounds):
+                return None
+        return seen
+    seen = wait_until(agree, 30, what="pushed gen_ai histograms equal to /metrics' buckets")
+    assert all(count > 0 for _, _, count in seen.values()), seen
 
 
 def _sel(labels: dict[str, str]) -> str:

@@ -12,6 +12,7 @@ from gpuwatch.signals.derived import Derived
 from gpuwatch.signals.engine import EngineAnalyzer
 from gpuwatch.sources.simulate import SimulatedBackend
 from gpuwatch.sources.simulate import engine_text as sim
+from gpuwatch.sources.simulate.workload import CYCLING
 
 T0 = 1.7e9
 
@@ -75,3 +76,40 @@ def test_simulated_counters_are_monotonic_at_every_instant():
         assert buckets == sorted(buckets) and buckets[-1] <= sim.finished_total(e)
         assert sim.hits_total(e) <= sim.queries_total(e)
         prev = now
+
+
+def _ttft_p99(exposition: str) -> float:
+    """The engine's first TTFT bound with 99 % of the requests under it."""
+    from prometheus_client.parser import text_string_to_metric_families
+    rows = [(float(s.labels["le"]), s.value)
+            for fam in text_string_to_metric_families(exposition)
+            if fam.name == "vllm:time_to_first_token_seconds"
+            for s in fam.samples if s.name.endswith("_bucket")]
+    total = rows[-1][1]
+    return next(le for le, c in rows if c >= 0.99 * total)
+
+
+def test_the_seed_picks_a_hosts_model_and_steady_load():
+    # seed 0 is the default host; other seeds serve one of two models at their own load
+    assert SimulatedBackend("mixed").model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert SimulatedBackend("mixed").traffic == CYCLING
+    profiles = {s: (b.model, b.traffic) for s in range(1, 11)
+                if (b := SimulatedBackend("mixed", seed=s))}
+    assert len({m for m, _ in profiles.values()}) == 2
+    assert len({t.load for _, t in profiles.values()}) == 5
+    # a heavier load is a slower TTFT, and a steady one is the same in every window
+    fast, slow = SimulatedBackend("mixed", seed=1), SimulatedBackend("mixed", seed=4)
+    assert fast.traffic.load < 1 < slow.traffic.load
+    p99 = {name: _ttft_p99(sim.vllm_exposition(3600.0, "m", traffic=b.traffic))
+           for name, b in (("fast", fast), ("slow", slow))}
+    assert p99["fast"] < p99["slow"], p99
+
+    def spread(traffic) -> float:
+        """How much the share of requests queued under 0.3 s moves from minute to minute."""
+        shares = []
+        for start in (3600.0, 3660.0, 3720.0):
+            counts = [sim.queue_buckets(start + d, traffic)[0] for d in (0.0, 60.0)]
+            shares.append((counts[1] - counts[0]) / (4 * 60))
+        return max(shares) - min(shares)
+    assert spread(fast.traffic) < 0.02 and spread(slow.traffic) < 0.02
+    assert spread(CYCLING) > 0.1  # the default host's load cycles

@@ -12,7 +12,6 @@ State across pushes: the delta temporality's last totals, and the PCIe byte coun
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -22,7 +21,9 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from gpuwatch import __version__
+from gpuwatch.exporter.families.serving import rows
 from gpuwatch.exporter.snapshot import Snapshot
+from gpuwatch.exposition.layout import BOUNDS, remap
 
 CUMULATIVE = pb.AGGREGATION_TEMPORALITY_CUMULATIVE
 DELTA = pb.AGGREGATION_TEMPORALITY_DELTA
@@ -266,30 +267,31 @@ class Encoder:
 
     # -- engines ---------------------------------------------------------------------------
     def _engines(self, snap: Snapshot, out: dict) -> None:
-        bounds = _layout()
         for name, st in sorted(snap.derived.engines.items()):
             base = {"gpuwatch.engine": name, "gen_ai.provider.name": st.kind or "unknown"}
             self._point(out, "gpuwatch.engine.up", "1 while gpuwatch reads the engine's "
                         "metrics.", "", "gauge", {**base, "gen_ai.request.model": st.model},
                         1.0 if st.up else 0.0)
-            if bounds is None:
-                continue  # no histograms on one layout in this version
-            for model, slis in _models(st):
+            if not st.up or st.ambiguous:  # as /metrics: no latencies from them
+                continue
+            for model, slis in rows(st):
                 attrs = {**base, "gen_ai.request.model": model}
                 for sli, (metric, desc, target) in GEN_AI_BUCKETS.items():
-                    cumulative = (getattr(slis, "sli_buckets", {}) or {}).get(sli)
-                    total = (getattr(slis, "sli_seconds_total", {}) or {}).get(sli)
+                    cumulative = slis.sli_buckets.get(sli)
+                    total = slis.sli_seconds_total.get(sli)
                     if not cumulative or total is None:
                         continue
-                    self._histogram(out, metric, desc, attrs, bounds, cumulative, total,
-                                    target)
+                    self._histogram(out, metric, desc, attrs, cumulative, total, target)
 
     def _histogram(self, out: dict, name: str, desc: str, attrs: dict,
-                   bounds: tuple[float, ...], cumulative: list[float], total: float,
-                   target: tuple[float, ...]) -> None:
-        from gpuwatch.exposition.layout import remap
-
-        mapped = remap((*bounds, math.inf), list(cumulative), to=target)
+                   cumulative: list[float], total: float, target: tuple[float, ...]) -> None:
+        """gpuwatch's buckets (layout.BOUNDS, then +Inf) on the conventions' boundaries:
+        exact where those are layout bounds (time to first token, time per output token),
+        read off the layout's piecewise-linear distribution elsewhere (request duration)."""
+        # whole requests, cumulative (so the buckets add up to the count, and deltas to the
+        # totals), before the change since the last push
+        mapped = [float(round(v)) for v in remap((*BOUNDS, math.inf), list(cumulative),
+                                                 to=target)]
         start = self._start
         key = (name, *sorted(attrs.items()))
         values = (*mapped, float(total))
@@ -297,25 +299,8 @@ class Encoder:
             start, values = self._delta(key, values)
         *cum, s = values
         m = self._metric(out, name, desc, "s", "histogram")
-        counts = [max(round(b - a), 0) for a, b in zip([0.0, *cum[:-1]], cum, strict=True)]
+        counts = [int(b - a) for a, b in zip([0.0, *cum[:-1]], cum, strict=True)]
         m.histogram.data_points.add(
             attributes=_kv(attrs), start_time_unix_nano=_ns(start),
-            time_unix_nano=_ns(self._t), count=round(cum[-1]), sum=max(s, 0.0),
+            time_unix_nano=_ns(self._t), count=int(cum[-1]), sum=max(s, 0.0),
             bucket_counts=counts, explicit_bounds=list(target))
-
-
-def _layout() -> tuple[float, ...] | None:
-    """gpuwatch's one bucket layout, where this version has it."""
-    try:
-        from gpuwatch.exposition.layout import BOUNDS
-    except ImportError:
-        return None
-    return tuple(BOUNDS)
-
-
-def _models(st) -> Iterable[tuple[str, object]]:
-    """(model, its SLIs) of an engine: one row per model where it serves several."""
-    models = getattr(st, "models", None)
-    if models:
-        return sorted(models.items())
-    return [(st.model, st)]

@@ -12,10 +12,25 @@ from gpuwatch.model import EngineSample, GpuSample, ProbeSample, ProcessSample
 from gpuwatch.sources.simulate import scenarios
 from gpuwatch.sources.simulate.engine_text import vllm_exposition
 from gpuwatch.sources.simulate.trajectory import GIB, MIB, ProcessSpec, generation, used_bytes
+from gpuwatch.sources.simulate.workload import CYCLING, QUEUE_MEDIAN, Traffic
 
 CONTEXT_BYTES = 500 * MIB  # CUDA context and non-PyTorch allocations per process
 SCENARIOS = tuple(scenarios.SCENARIOS)
 SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+# A simulated fleet's hosts differ as a real one's do: a seed other than 0 picks the model a
+# host's engine serves and how loaded it is, at a steady load (its queue times, and so its
+# TTFT and E2E, scale with it), so that a window of any length stands for the host. Seed 0
+# is the default host: SIM_MODEL, its load cycling through QUEUE_MEDIANS.
+SIM_MODELS = (SIM_MODEL, "Qwen/Qwen2.5-7B-Instruct")
+SIM_LOADS = (1.0, 0.4, 0.6, 0.8, 3.0)
+
+
+def engine_profile(seed: int) -> tuple[str, Traffic]:
+    """(model, traffic) of the simulated engines of a host with this seed."""
+    if seed == 0:
+        return SIM_MODEL, CYCLING
+    return (SIM_MODELS[seed % len(SIM_MODELS)],
+            Traffic(SIM_LOADS[seed % len(SIM_LOADS)], (QUEUE_MEDIAN,)))
 
 
 def _host_figures(spec: ProcessSpec, age: float) -> dict:
@@ -39,6 +54,7 @@ class SimulatedBackend:
         self.scenario = scenarios.get(scenario)
         self.real_pids = dict(real_pids or {})
         self.seed = seed
+        self.model, self.traffic = engine_profile(seed)
         self.interval = interval
         self.start: float | None = None
         self._last_engines: float | None = None
@@ -214,7 +230,8 @@ class SimulatedBackend:
         for _, spec, gen, age, _, phase in self._alive(elapsed):
             if not spec.engine:
                 continue
-            text = None if phase == "loading" else vllm_exposition(age, SIM_MODEL)
+            text = None if phase == "loading" else vllm_exposition(age, self.model,
+                                                                  traffic=self.traffic)
             out.append(EngineSample(
                 name=spec.engine, kind="vllm", url=f"simulate://{spec.engine}/metrics",
                 exposition=text, error="connection refused (loading)" if text is None else None,

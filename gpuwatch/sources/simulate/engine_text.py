@@ -11,8 +11,9 @@ The formulas, for elapsed time e (seconds):
   are the integral of that rate times a hit ratio drifting between ~0.5 and ~0.75;
 - preemptions: floor(e / PREEMPT_EVERY_SECONDS);
 - queue times: lognormal (sigma QUEUE_SIGMA) whose median changes every SEGMENT_SECONDS
-  through QUEUE_MEDIANS (a cycle); bucket le counts the integral of REQUESTS_PER_SECOND
-  times the CDF at le, the sum the integral of the rate times the mean.
+  through the traffic's medians (a cycle, QUEUE_MEDIANS by default) times its load; bucket
+  le counts the integral of REQUESTS_PER_SECOND times the CDF at le, the sum the integral
+  of the rate times the mean.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import math
 
 from gpuwatch.sources.simulate.serving_text import serving_lines
 from gpuwatch.sources.simulate.workload import (
+    CYCLING,
     PREEMPT_EVERY_SECONDS,
     PROMPT_TOKENS_PER_REQUEST,
     QUEUE_BUCKETS,
     QUEUE_SIGMA,
     REQUESTS_PER_SECOND,
+    Traffic,
     finished_total,
     lognormal_cdf,
     queries_total,
@@ -47,13 +50,13 @@ def preemptions_total(e: float) -> float:
     return float(math.floor(max(e, 0.0) / PREEMPT_EVERY_SECONDS))
 
 
-def queue_buckets(e: float) -> list[float]:
+def queue_buckets(e: float, traffic: Traffic = CYCLING) -> list[float]:
     """Cumulative counts of QUEUE_BUCKETS at elapsed e (without +Inf)."""
     e = max(e, 0.0)
     finished = finished_total(e)
     return [
         min(float(math.floor(REQUESTS_PER_SECOND * segments_integral(
-            e, lambda m, le=le: lognormal_cdf(le, m, QUEUE_SIGMA)))), finished)
+            e, lambda m, le=le: lognormal_cdf(le, m, QUEUE_SIGMA), traffic))), finished)
         for le in QUEUE_BUCKETS
     ]
 
@@ -63,7 +66,8 @@ def _fmt(v: float) -> str:
 
 
 def vllm_exposition(elapsed: float, model: str, engine_index: str = "0",
-                    gpu_memory_utilization: float = 0.9, num_gpu_blocks: int = 27000) -> str:
+                    gpu_memory_utilization: float = 0.9, num_gpu_blocks: int = 27000,
+                    traffic: Traffic = CYCLING) -> str:
     e = max(elapsed, 0.0)
     labels = f'engine="{engine_index}",model_name="{model}"'
     running = 8 + round(3 * math.sin(e / 17.0))
@@ -95,7 +99,7 @@ def vllm_exposition(elapsed: float, model: str, engine_index: str = "0",
         "# TYPE vllm:request_queue_time_seconds histogram",
     ]
     finished = finished_total(e)
-    for le, count in zip(QUEUE_BUCKETS, queue_buckets(e), strict=True):
+    for le, count in zip(QUEUE_BUCKETS, queue_buckets(e, traffic), strict=True):
         lines.append(
             f'vllm:request_queue_time_seconds_bucket{{engine="{engine_index}",le="{float(le)}",'
             f'model_name="{model}"}} {_fmt(count)}'
@@ -106,12 +110,13 @@ def vllm_exposition(elapsed: float, model: str, engine_index: str = "0",
     )
     lines += [
         f"vllm:request_queue_time_seconds_count{{{labels}}} {_fmt(finished)}",
-        f"vllm:request_queue_time_seconds_sum{{{labels}}} {_fmt(queue_seconds_total(e))}",
+        f"vllm:request_queue_time_seconds_sum{{{labels}}} "
+        f"{_fmt(queue_seconds_total(e, traffic))}",
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
         "# TYPE vllm:cache_config_info gauge",
         f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching='
         f'"True",engine="{engine_index}",gpu_memory_utilization="{gpu_memory_utilization}",'
         f'num_cpu_blocks="0",num_gpu_blocks="{num_gpu_blocks}"}} 1.0',
     ]
-    lines += serving_lines(e, model, engine_index, waiting)
+    lines += serving_lines(e, model, engine_index, waiting, traffic)
     return "\n".join(lines) + "\n"

@@ -28,10 +28,10 @@ ERROR_EVERY, ABORT_EVERY = 120.0, 45.0
 REFUSED_EVERY = 20.0  # a bad request the HTTP layer refuses (400) before the engine sees it
 
 
-def _shifted(e: float, le: float, extra: float) -> float:
+def _shifted(e: float, le: float, extra: float, traffic: base.Traffic) -> float:
     rate = base.REQUESTS_PER_SECOND
     return float(math.floor(rate * base.segments_integral(
-        e, lambda m: base.lognormal_cdf(le, m + extra, base.QUEUE_SIGMA))))
+        e, lambda m: base.lognormal_cdf(le, m + extra, base.QUEUE_SIGMA), traffic)))
 
 
 def generation_total(e: float) -> float:
@@ -58,16 +58,17 @@ def _histogram(name: str, labels: str, bounds, counts: list[float], total: float
     return rows
 
 
-def serving_lines(elapsed: float, model: str, engine: str, waiting: int) -> list[str]:
+def serving_lines(elapsed: float, model: str, engine: str, waiting: int,
+                  traffic: base.Traffic = base.CYCLING) -> list[str]:
     e = max(elapsed, 0.0)
     labels = f'engine="{engine}",model_name="{model}"'
     done = base.finished_total(e)
-    queue_s = base.queue_seconds_total(e)
+    queue_s = base.queue_seconds_total(e, traffic)
     lines: list[str] = []
     for name, bounds, extra in (("vllm:time_to_first_token_seconds", TTFT_BUCKETS, TTFT_EXTRA),
                                 ("vllm:e2e_request_latency_seconds", base.QUEUE_BUCKETS,
                                  E2E_EXTRA)):
-        counts = [_shifted(e, le, extra) for le in bounds]
+        counts = [_shifted(e, le, extra, traffic) for le in bounds]
         lines += _histogram(name, labels, bounds, counts, done, round(queue_s + extra * done, 3),
                             engine, model)
     tokens = generation_total(e)
