@@ -12,7 +12,8 @@ Five simulated hosts run at once for ~18 minutes:
   the scrape, keeps firing while the leak lasts, then resolves exactly once;
 - `fill` (four servers grow together): GpuwatchGpuTimeToOom fires from the GPU's own
   projection, before any one process is judged leaking;
-- `mixed`: no leak, zone or engine alert fires.
+- `mixed`: no zone or engine alert fires, and no leak but `tokenizer-svc`'s (a slow leak of
+  0.5 MiB/s by design, in a process first seen already running: it may fire near the end).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tests.helpers import REPO, Proc, free_port, http_get, require_binary, wait_
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1500)]
 
 LEAK_ALERT = "GpuwatchProcessMemoryLeak"
+SLOW_LEAKER = "tokenizer-svc"  # mixed's slow leak (0.5 MiB/s), a leak all the same
 QUIET_ON_MIXED = ("GpuwatchProcessMemoryLeak", "GpuwatchGpuMemoryLeak", "GpuwatchGpuMemoryZone",
                   "GpuwatchGpuTimeToOom", "GpuwatchEngineDown", "GpuwatchKvCacheHitRatioLow",
                   "GpuwatchQueueLatencyHigh", "GpuwatchEnginePreemptions")
@@ -159,7 +161,9 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
             start_seen.append((now, bool(fresh)))
             if fill_fired is None and _firing(alerts, fill, "GpuwatchGpuTimeToOom"):
                 fill_fired = now
-            mixed_fired += [a for name in QUIET_ON_MIXED for a in _firing(alerts, mixed, name)]
+            mixed_fired += [a for name in QUIET_ON_MIXED for a in _firing(alerts, mixed, name)
+                            if not (name == LEAK_ALERT
+                                    and a["labels"].get("process") == SLOW_LEAKER)]
             if fired_at is None:
                 assert now < FIRE_WITHIN, "GpuwatchProcessMemoryLeak did not fire within 4 min"
             start_done = (any(on for _, on in start_seen) and not start_seen[-1][1]
@@ -212,7 +216,8 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
         # mixed: nothing fired
         assert mixed_fired == []
         assert [e for e in _events(logs["mixed"])
-                if e["signal"] in ("memory_leak", "memory_zone", "time_to_oom")] == []
+                if e["signal"] in ("memory_leak", "memory_zone", "time_to_oom")
+                and not (e["signal"] == "memory_leak" and SLOW_LEAKER in e["message"])] == []
     finally:
         prom.stop()
         webhook.server.shutdown()
