@@ -19,8 +19,8 @@ from gpuwatch.thresholds.cli import thresholds as thresholds_command
 from gpuwatch.views.cli import report as report_command
 from gpuwatch.views.cli import status as status_command
 
-SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "fragmentation", "mixed", "large",
-                  "kubernetes")
+SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "leak-start", "fill",
+                  "fragmentation", "mixed", "large", "kubernetes")
 
 
 def _setup_logging(level: str) -> None:

@@ -12,7 +12,8 @@ Five simulated hosts run at once for ~18 minutes:
   the scrape, keeps firing while the leak lasts, then resolves exactly once;
 - `fill` (four servers grow together): GpuwatchGpuTimeToOom fires from the GPU's own
   projection, before any one process is judged leaking;
-- `mixed`: no leak, zone or engine alert fires.
+- `mixed`: no zone or engine alert fires, and no leak but `tokenizer-svc`'s (a slow leak of
+  0.5 MiB/s by design, in a process first seen already running: it may fire near the end).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tests.helpers import REPO, Proc, free_port, http_get, require_binary, wait_
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1500)]
 
 LEAK_ALERT = "GpuwatchProcessMemoryLeak"
+SLOW_LEAKER = "tokenizer-svc"  # mixed's slow leak (0.5 MiB/s), a leak all the same
 QUIET_ON_MIXED = ("GpuwatchProcessMemoryLeak", "GpuwatchGpuMemoryLeak", "GpuwatchGpuMemoryZone",
                   "GpuwatchGpuTimeToOom", "GpuwatchEngineDown", "GpuwatchKvCacheHitRatioLow",
                   "GpuwatchQueueLatencyHigh", "GpuwatchEnginePreemptions")
@@ -136,6 +138,7 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
         fill_fired: float | None = None
         mixed_fired: list[dict] = []
         gaps: list[float] = []
+        held: tuple[list, list] | None = None
         while True:
             now = time.monotonic() - started
             alerts = _prom_alerts(prom_url)
@@ -144,8 +147,13 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
             if fired_at is None and mine:
                 fired_at = now
                 assert {a["labels"]["process"] for a in mine} == {"leaky-worker"}
-            elif fired_at is not None and not mine:
+            elif fired_at is not None and not mine and now <= fired_at + STAY_FIRING:
                 gaps.append(now)
+            if fired_at is not None and now >= fired_at + STAY_FIRING and held is None:
+                # the leak's hold is over (its process runs out of memory some minutes
+                # later and restarts, which resolves it): what was sent and logged so far
+                held = (webhook.resolved(LEAK_ALERT, leak),
+                        [e for e in _events(logs["leak"]) if e["signal"] == "memory_leak"])
             fixed_seen.append(any(a["labels"]["alertname"] == LEAK_ALERT
                                   and a["labels"].get("instance") == fixed for a in am_alerts))
             fresh = _firing(alerts, start, LEAK_ALERT)
@@ -153,12 +161,14 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
             start_seen.append((now, bool(fresh)))
             if fill_fired is None and _firing(alerts, fill, "GpuwatchGpuTimeToOom"):
                 fill_fired = now
-            mixed_fired += [a for name in QUIET_ON_MIXED for a in _firing(alerts, mixed, name)]
+            mixed_fired += [a for name in QUIET_ON_MIXED for a in _firing(alerts, mixed, name)
+                            if not (name == LEAK_ALERT
+                                    and a["labels"].get("process") == SLOW_LEAKER)]
             if fired_at is None:
                 assert now < FIRE_WITHIN, "GpuwatchProcessMemoryLeak did not fire within 4 min"
             start_done = (any(on for _, on in start_seen) and not start_seen[-1][1]
                           and now > START_STOP + 60)
-            if (now >= fired_at + STAY_FIRING and not fixed_seen[-1] and any(fixed_seen)
+            if (held is not None and not fixed_seen[-1] and any(fixed_seen)
                     and start_done and fill_fired is not None):
                 break
             assert now < 21 * 60, "leak-fixed or leak-start did not resolve"
@@ -167,10 +177,10 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
         # leak: firing without a gap for 8 minutes, no resolve sent by Alertmanager,
         # one firing event (and no resolve) in the daemon's log
         assert gaps == []
-        assert webhook.resolved(LEAK_ALERT, leak) == []
+        leak_resolved, leak_events = held
+        assert leak_resolved == []
         assert any(a["labels"]["alertname"] == LEAK_ALERT and a["labels"]["instance"] == leak
                    for n in webhook.notifications for a in n["alerts"])
-        leak_events = [e for e in _events(logs["leak"]) if e["signal"] == "memory_leak"]
         assert [(e["state"], e["severity"], e["pid"]) for e in leak_events] == [
             ("firing", "critical", 41000)]
 
@@ -206,7 +216,8 @@ def test_shipped_leak_alerts_fire_hold_and_resolve_once(daemon, alertmanager, tm
         # mixed: nothing fired
         assert mixed_fired == []
         assert [e for e in _events(logs["mixed"])
-                if e["signal"] in ("memory_leak", "memory_zone", "time_to_oom")] == []
+                if e["signal"] in ("memory_leak", "memory_zone", "time_to_oom")
+                and not (e["signal"] == "memory_leak" and SLOW_LEAKER in e["message"])] == []
     finally:
         prom.stop()
         webhook.server.shutdown()

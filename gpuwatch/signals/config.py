@@ -48,7 +48,7 @@ class LifecycleConfig(Section, kw_only=True):
     steep_pause_seconds: PositiveFloat = 20.0
     # Growth before the first pause is taken for loading this long after the start; past
     # it, growth that keeps a steady pace is judged (a smooth load of 3 min is not).
-    loading_max_seconds: PositiveFloat = 240.0
+    loading_max_seconds: PositiveFloat = 300.0
     # Retained memory has not risen by settle_bytes for this long after loading: steady.
     warmup_settle_seconds: PositiveFloat = 180.0
     # Steady at the latest this long after the process started (a process found older
@@ -110,6 +110,8 @@ class LeakConfig(Section, kw_only=True):
     loading_min_rise_bytes: NonNegFloat = 256 * 2**20
     loading_lookback_seconds: NonNegFloat = 0.0
     loading_part_ratio: Ratio = 0.5
+    # ... and it fires once it held for as long as it takes to keep this much more.
+    loading_confirm_bytes: NonNegFloat = 400 * 2**20
     loading_steady_ratio: Ratio = 0.7
     # A scale's leak shape must hold this share of the scale (at most confirm_seconds)
     # before it fires; half of it from long_confirm_from_seconds: rises that a window only
@@ -180,10 +182,6 @@ class TimeToOomConfig(Section, kw_only=True):
     resolve_factor: Annotated[float, msgspec.Meta(ge=1)] = 1.2
     # ... and that has held this long (minimum hold of a level).
     hold_seconds: NonNegFloat = 120.0
-    # The GPU's projection counts the growth of processes that may still be loading only
-    # on scales this long or longer, and only when it would spend the headroom before that
-    # loading could have ended (signals/projection.py).
-    loading_scale_seconds: PositiveFloat = 120.0
 
 
 class FragmentationSignalConfig(Section, kw_only=True):

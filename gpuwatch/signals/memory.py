@@ -273,11 +273,10 @@ class MemoryAnalyzer:
         """The GPU's projection (signals/projection.py), fed each process's retained memory
         and the GPU's own series' once per block."""
         proj = gstate.projection
-        lc = self.cfg.leak
         if proj is None:
-            proj = gstate.projection = GpuProjection(
-                lc, self.params.warn_on, lc.lifecycle.loading_max_seconds,
-                self.cfg.time_to_oom.loading_scale_seconds)
+            # a sum of series: its floor wanders with the beat of its members' steps, so it
+            # is judged on the sum's longer scales, like the GPU's own series without figures
+            proj = gstate.projection = GpuProjection(self.sum_params.cfg, self.params.warn_on)
         if not proj.due(t):
             return proj.current
         members: dict[int, tuple[float | None, bool]] = {}
@@ -359,7 +358,9 @@ class MemoryAnalyzer:
         process's figure (growth no process explains), else all of used."""
         held = [p.used_memory_bytes for p in gpu.processes]
         attributed = bool(held) and None not in held
-        value = used - sum(held) if attributed else used  # type: ignore[arg-type]
+        # below the processes' sum, the figures were read at different instants (or used is
+        # capped at the total): no memory is unaccounted for, none is given back
+        value = max(0, used - sum(held)) if attributed else used  # type: ignore[arg-type]
         signature = (attributed, *sorted((p.pid, p.create_time or 0.0) for p in gpu.processes))
         state = self._gpus.get(gpu.uuid)
         # Several processes that the driver gives no figure for: a sum of allocators.

@@ -8,14 +8,15 @@ that joins is taken as if it had always held what it first held, and one that le
 it had never been there: a process starting or exiting is not growth. Planned pools are
 already in the members' floors (a pool growing to its plan is not growth).
 
-The sum is judged by the same scales as one series (signals/leak/scales.py): it must rise
+The sum is judged by the same tests as one series (signals/leak/scales.py), on the sum's
+longer scales (sum_window_factor): it must rise
 beyond the sum's own noise and the minimum rise, through all of its window and keeping its
 pace, at the warning slope at least (a time to OOM is shown only then; the horizons judge
 it).
 Growth of processes that may still be loading (before their first pause, younger than
-loading_max_seconds) is left out of the sum, unless the projection with it runs out of
-budget before that loading would have ended, on scales of two minutes or more: a load that
-fills the GPU is an OOM all the same.
+loading_max_seconds) is left out of the sum: a load ends where its weights end, it is no
+pace to project (a restart loading its weights again on a full GPU is not an OOM coming).
+A process that goes on growing past that age counts again, from its memory then.
 
 Names the members whose retained memory rose most over the scale judged. Work per block is
 O(members x the longest scale); nothing per tick but the members' latest floors.
@@ -73,17 +74,13 @@ class SumSeries:
 class Projection:
     rate: float  # bytes/s
     scale: float
-    with_loading: bool  # the growth of processes still loading counted
     risers: tuple[tuple[int, float], ...]  # (member, rise over the scale), largest first
 
 
 class GpuProjection:
-    def __init__(self, cfg: LeakConfig, least_rate: float, loading_max_s: float,
-                 loading_scale_s: float) -> None:
+    def __init__(self, cfg: LeakConfig, least_rate: float) -> None:
         self.cfg = cfg
         self.least = least_rate  # the slowest growth projected (the warning slope)
-        self.loading_max = loading_max_s
-        self.loading_scale_s = loading_scale_s
         self.block_s = cfg.block_seconds
         self.keep = round(2 * max(cfg.scales_seconds) / self.block_s) + 1
         # member -> its retained memory per block, and the same since it stopped loading
@@ -93,8 +90,7 @@ class GpuProjection:
         self._k: int | None = None
         self._latest: dict[int, tuple[float, bool]] = {}
         self.stable = self._scales()
-        self.all = self._scales()
-        self._since: dict[tuple[bool, float], float] = {}
+        self._since: dict[float, float] = {}
         self.current: Projection | None = None
 
     def _scales(self) -> Scales:
@@ -131,7 +127,7 @@ class GpuProjection:
         for m in [m for m in raw if m not in latest]:
             del raw[m]  # gone: as if it had never been there
             stable.pop(m, None)
-        n = len(self.all.floor) + 1
+        n = len(self.stable.floor) + 1
         for m, (v, loading) in latest.items():
             h = raw.get(m)
             if h is None:  # new: as if it had always held this much
@@ -144,7 +140,6 @@ class GpuProjection:
             else:
                 stable[m].append(v)
         n = min(max((len(h) for h in raw.values()), default=0), keep)
-        self.all.floor.set(k, _sum(raw.values(), n))  # type: ignore[attr-defined]
         self.stable.floor.set(k, _sum(stable.values(), n))  # type: ignore[attr-defined]
         self.current = self._judge(t, headroom)
 
@@ -152,29 +147,22 @@ class GpuProjection:
         if headroom is None:
             return None
         c = self.cfg
-        best: tuple[Evidence, bool] | None = None
-        for with_loading, scales in ((False, self.stable), (True, self.all)):
-            for e in scales.update(self.least):
-                key = (with_loading, e.scale)
-                ok = e.shaped and (not with_loading or (
-                    e.scale >= self.loading_scale_s
-                    and max(headroom, 0.0) < self.loading_max * e.rate))
-                if not ok:
-                    self._since.pop(key, None)
-                    continue
-                since = self._since.setdefault(key, t)
-                if t - since < confirm_time(c, e.scale):
-                    continue
-                if best is None or e.rate > best[0].rate:
-                    best = (e, with_loading)
+        best: Evidence | None = None
+        for e in self.stable.update(self.least):
+            if not e.shaped:
+                self._since.pop(e.scale, None)
+                continue
+            since = self._since.setdefault(e.scale, t)
+            if t - since < confirm_time(c, e.scale):
+                continue
+            if best is None or e.rate > best.rate:
+                best = e
         if best is None:
             return None
-        e, with_loading = best
-        n = round(e.scale / self.block_s)
-        hists = self._raw if with_loading else self._stable
-        risers = sorted(((m, h[-1] - h[-1 - n]) for m, h in hists.items()
+        n = round(best.scale / self.block_s)
+        risers = sorted(((m, h[-1] - h[-1 - n]) for m, h in self._stable.items()
                          if len(h) > n and h[-1] - h[-1 - n] > 0), key=lambda x: -x[1])[:3]
-        return Projection(e.rate, e.scale, with_loading, tuple(risers))
+        return Projection(best.rate, best.scale, tuple(risers))
 
 
 def _sum(hists, n: int) -> list[float]:

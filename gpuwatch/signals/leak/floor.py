@@ -12,12 +12,13 @@ A return is a block whose value comes back within the series' tolerance (six tim
 lower quartile of the gap between a block's two lowest samples, about three times the
 floor's own jitter; at least `tol_bytes`; at least half the drop that brought it back: the
 troughs of a sawtooth rise as memory grows under it) of an earlier block, with every block in
-between above that; the return period is the longest return seen over the last
-`memory_seconds`, with a margin of a fifth (returns are measured to the block and within the
-tolerance, which cuts a sawtooth's ramp short). A fall to a level below everything in the
-longest floor window is memory given back, not a return. When the floor window changes, the
-retained series is recomputed from the block values, so a wider window never shows as a
-fall, nor a narrower one as a rise.
+between above that (the newest such block not above it beyond its jitter: the sawtooth's
+last trough, not a level partway up its ramp); the return period is the longest return
+seen over the last `memory_seconds`, with a margin of a fifth (returns are measured to the
+block and within the tolerance, which cuts a sawtooth's ramp short). A fall to a level
+below everything in the longest floor window is memory given back, not a return. When the
+floor window changes, the retained series is recomputed from the block values, so a wider
+window never shows as a fall, nor a narrower one as a rise.
 
 Work per sample is O(1) amortised: a block's close costs one pass over the floor window
 (at most `max_window / block` values) and one over the last 32 block-to-block changes.
@@ -98,7 +99,11 @@ class RetainedFloor:
             self._recompute()
         else:
             lows = self.lows
-            n = min(window, len(lows), k - self.origin + 1 if self.origin is not None else window)
+            n = min(window, len(lows))
+            if self.origin is not None and k >= self.origin:
+                # a block before the origin (the load ended in the block still open) keeps
+                # its full window
+                n = min(n, k - self.origin + 1)
             self.points.append(min(lows[i] for i in range(len(lows) - n, len(lows))))
 
     def _track_return(self, k: int, m: float, t_end: float) -> None:
@@ -114,8 +119,12 @@ class RetainedFloor:
         while st and st[-1][1] > m + tol:
             st.pop()
             above = True
-        if above and st:  # back within tol of a level left, every block between above it
-            self._returns.push(t_end, (k - st[-1][0]) * self.block_s)
+        if above and st:
+            # back within tol of a level left, every block between above it: the newest
+            # level not above this one beyond the floor's own jitter (a sawtooth's last
+            # trough, not a level partway up its ramp, which a drop's tol also reaches)
+            back = next((kk for kk, vv in reversed(st) if vv <= m + self.tol), st[-1][0])
+            self._returns.push(t_end, (k - back) * self.block_s)
         while st and st[-1][1] >= m:
             st.pop()
         st.append((k, m))

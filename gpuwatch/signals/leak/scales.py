@@ -178,7 +178,10 @@ class Scales:
             step = 1 + n // 64
             first = theil_sen((-j, f.at(j)) for j in range(n, half - 1, -step))
             second = theil_sen((-j, f.at(j)) for j in range(half, -1, -step))
-            shaped = (self._steps_ok(marks, rise, part_ratio) and first is not None
+            # and it still grows: a load that has ended is flat since
+            recent = f.at(0) - f.at(min(2, n))  # type: ignore[operator]
+            shaped = (recent >= self.part_share * rise * min(2, n) / n
+                      and self._steps_ok(marks, rise, part_ratio) and first is not None
                       and second is not None and first > 0
                       and second >= steady_ratio * first)
         return Evidence(scale, rise / scale, rise, noise, rising, shaped)
@@ -204,6 +207,7 @@ class Scales:
 
     def _shaped(self, n: int, parts: int, rise: float, since: int | None) -> bool:
         f = self.floor
+        long = parts == 2
         # parts no shorter than the floor window: within it the floor moves as troughs come
         # and go (a staircase under a sawtooth), not only as memory is kept
         parts = min(parts, n // f.window)
@@ -225,8 +229,11 @@ class Scales:
         # and it keeps the pace of what came before it, back to the end of loading
         reach = len(f) if since is None else since
         before_n = min(max(half, self.lookback), reach - n, len(f) - 1 - n)
-        if before_n < half:  # too little before it to tell a pace from a step
-            return True
+        if before_n < half:
+            # too little before it to compare paces with: on the scales judged in quarters,
+            # a pace, not a few steps (a ratchet's steps right after loading) — most of its
+            # blocks rose; the long scales judge a leak kept in steps minutes apart
+            return long or self._paced(n)
         # robust slopes (a staircase under a sawtooth moves in steps, not in a line), on at
         # most 32 points each
         recent = theil_sen((-j, f.at(j)) for j in range(n, -1, -(1 + n // 32)))
@@ -234,6 +241,12 @@ class Scales:
                            for j in range(n + before_n, n - 1, -(1 + before_n // 32)))
         return recent is not None and before is not None and (
             recent >= self.steady_ratio * before)
+
+    def _paced(self, n: int) -> bool:
+        """Whether most blocks of the last n rose beyond the floor's tolerance."""
+        f = self.floor
+        ups = sum(1 for j in range(n) if f.at(j) - f.at(j + 1) > f.tol)  # type: ignore[operator]
+        return 2 * ups >= n
 
     def _since_steep(self, n: int) -> int:
         """Blocks back to the end of the series' load: the most recent block before the

@@ -237,8 +237,12 @@ class LeakSeries:
                 continue
             since_t = t if held is None else held[0]
             self._since[key] = (since_t, False)
-            confirm = (c.confirm_share * c.loading_min_scale_seconds if key == math.inf
-                       else confirm_time(c, e.scale))
+            # growth that never paused holds until it kept loading_confirm_bytes more at
+            # its pace (at most confirm_seconds): the first ramp of a sawtooth after a load
+            # climbs like a leak until it comes back down, a leak goes on
+            confirm = (max(c.confirm_share * c.loading_min_scale_seconds,
+                           min(c.loading_confirm_bytes / max(e.rate, 1.0), c.confirm_seconds))
+                       if key == math.inf else confirm_time(c, e.scale))
             confirmed = t - since_t >= confirm
             if confirmed and (best is None or e.rate > best.rate):
                 best = e
