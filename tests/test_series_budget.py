@@ -266,3 +266,16 @@ def test_verdicts_events_and_alert_series_lose_nothing():
     # the steady server is folded: no series of its own, but summed
     last = parse(bodies[-1])
     assert {lab["pid"] for n, lab, _ in last if n == "gpuwatch_process_info"} == {pid}
+
+
+def test_a_process_that_died_of_its_oom_keeps_its_oom_series():
+    # the OOM alert reads increase() over its counter after the process has gone
+    from gpuwatch.signals.derived import OomTally
+
+    b = Budget(BudgetConfig(top_k=0, max_processes=0))
+    d = Derived()
+    d.ooms[("GPU-a", 9)] = OomTally()
+    sel = b.update(_tick(0, {5: 10}), d, [], [])  # 9 is no longer on the GPU
+    assert sel.reasons == {("GPU-a", 9): "oom"}
+    del d.ooms[("GPU-a", 9)]  # the tally expired: the series with it
+    assert _exported(b.update(_tick(2, {5: 10}), d, [], [])) == set()

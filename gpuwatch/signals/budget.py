@@ -107,6 +107,9 @@ class Budget:
         reasons = dict(must)
         reasons.update((k, "qualified" if self._qualified_at[k] == t else "held")
                        for k in held[:slots])
+        # A process that ran out of memory keeps its OOM counter after it died of it (the
+        # OOM alert reads increase() over it), for as long as its tally is kept.
+        reasons.update((k, "oom") for k in getattr(derived, "ooms", {}) if k not in reasons)
         self._exported = frozenset(reasons)
         folded: dict[str, int] = {g.uuid: 0 for g in tick.gpus}
         for uuid, _ in (k for k in live if k not in reasons):
