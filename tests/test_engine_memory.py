@@ -193,9 +193,10 @@ def memory_events(path: Path, **zone) -> list:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sleep_and_wake_are_not_a_leak(tmp_path, case):
     path = record(tmp_path / "sleepy.jsonl", 4 * 3600, CASES[case])
-    # without the engine's facts the same recording alarms: the wake-ups look like growth
+    # without the engine's facts the same recording alarms: the pool counts against the zone
+    # (the leak detector alone takes the wake-ups for loads, in steps, and pauses)
     blind = memory_events(path, planned_pools=False)
-    assert any(e.signal == "memory_leak" for e in blind), blind
+    assert any(e.signal in ("memory_leak", "memory_zone") for e in blind), blind
     assert memory_events(path) == []
 
 
