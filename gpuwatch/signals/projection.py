@@ -29,13 +29,14 @@ from collections import deque
 from dataclasses import dataclass
 
 from gpuwatch.signals.config import LeakConfig
+from gpuwatch.signals.leak.floor import BlockPoints
 from gpuwatch.signals.leak.scales import Evidence, Scales
 from gpuwatch.signals.leak.series import confirm_time
 
 UNATTRIBUTED = -1  # the member for memory no process accounts for
 
 
-class SumSeries:
+class SumSeries(BlockPoints):
     """The interface Scales reads (signals/leak/floor.py), over a sum of members."""
 
     def __init__(self, block_s: float, keep: int) -> None:
@@ -54,15 +55,6 @@ class SumSeries:
     @property
     def period(self) -> float:
         return self.block_s
-
-    def at(self, blocks_ago: int) -> float | None:
-        pts = self.points
-        if blocks_ago < 0 or blocks_ago >= len(pts):
-            return None
-        return pts[-1 - blocks_ago]
-
-    def __len__(self) -> int:
-        return len(self.points)
 
     def set(self, k: int, values) -> None:
         self.points.clear()

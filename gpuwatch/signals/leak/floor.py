@@ -32,7 +32,23 @@ from collections import deque
 from gpuwatch.signals.leak.robust import SlidingMax
 
 
-class RetainedFloor:
+class BlockPoints:
+    """One value per block, newest last: what Scales reads of a series (`points`)."""
+
+    points: deque[float]
+
+    def at(self, blocks_ago: int) -> float | None:
+        """The value `blocks_ago` blocks before the last one (None: no data)."""
+        pts = self.points
+        if blocks_ago < 0 or blocks_ago >= len(pts):
+            return None
+        return pts[-1 - blocks_ago]
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+
+class RetainedFloor(BlockPoints):
     def __init__(self, block_s: float, min_window_s: float, max_window_s: float,
                  memory_s: float, keep_s: float, tol_bytes: float) -> None:
         self.block_s = block_s
@@ -173,13 +189,3 @@ class RetainedFloor:
     def t_last(self) -> float | None:
         """End of the last closed block."""
         return None if self.k_last is None else (self.k_last + 1) * self.block_s
-
-    def at(self, blocks_ago: int) -> float | None:
-        """The retained memory `blocks_ago` blocks before the last one (None: no data)."""
-        pts = self.points
-        if blocks_ago < 0 or blocks_ago >= len(pts):
-            return None
-        return pts[-1 - blocks_ago]
-
-    def __len__(self) -> int:
-        return len(self.points)
