@@ -257,15 +257,31 @@ warmup_max_seconds = 15
 """
 
 
-class StaticServer:
+class LoopbackServer:
+    """A threaded HTTP server on 127.0.0.1 for one handler class, until close()."""
+
+    def __init__(self, handler) -> None:
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class StaticServer(LoopbackServer):
     """A loopback HTTP server answering every GET with the same body (an engine's /metrics,
     or something that is not what the client expects); `routes` (path prefix -> (body,
     content type)) answer their paths with another."""
 
     def __init__(self, body: bytes, content_type: str = "text/plain",
                  routes: dict[str, tuple[bytes, str]] | None = None) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
 
         routes = routes or {}
 
@@ -282,10 +298,4 @@ class StaticServer:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)

@@ -11,7 +11,6 @@ import io
 import json
 import logging
 import sys
-import threading
 
 import pytest
 from msgspec.structs import replace
@@ -20,13 +19,13 @@ from gpuwatch import redact
 from gpuwatch.config import load
 from gpuwatch.remediation.audit import read_records
 from gpuwatch.remediation.config import EscalationRule, ExecConfig
-from tests.helpers import eventually
+from tests.helpers import LoopbackServer, eventually
 from tests.test_remediation_remediator import ev, make, snap_of
 
 USER, ENCODED, DECODED = "scraper", "s3cr%40t%2Fpw-77c1", "s3cr@t/pw-77c1"
 
 
-class EchoingEngine:
+class EchoingEngine(LoopbackServer):
     """An engine that refuses every scrape, quoting in its reason phrase the user and
     password it was sent (decoded from the Authorization header, as a real one would see
     them)."""
@@ -43,13 +42,7 @@ class EchoingEngine:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 def test_a_percent_encoded_password_quoted_back_decoded_never_leaves(daemon):

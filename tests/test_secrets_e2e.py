@@ -13,14 +13,13 @@ import hashlib
 import http.server
 import json
 import signal
-import threading
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from gpuwatch.remediation.audit import read_records
-from tests.helpers import eventually, free_port
+from tests.helpers import LoopbackServer, eventually, free_port
 from tests.secret_plant import config_toml, planted
 
 pytestmark = pytest.mark.integration
@@ -29,7 +28,7 @@ EXPOSITION = (b"# TYPE vllm:num_requests_running gauge\n"
               b'vllm:num_requests_running{model_name="m"} 1\n')
 
 
-class EngineServer:
+class EngineServer(LoopbackServer):
     """A loopback engine that answers its metrics and remembers the headers it was sent."""
 
     def __init__(self) -> None:
@@ -46,13 +45,7 @@ class EngineServer:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 def post_alert(d, token: str, uuid: str, pid: int) -> int:
