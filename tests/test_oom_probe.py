@@ -225,6 +225,30 @@ def test_history_is_dumped_for_memory_viz_only_where_it_is_recorded(tmp_path):
     assert r.history_bytes == (rec2.dir / r.history).stat().st_size
 
 
+def test_a_burst_outlasts_a_slow_history_dump(tmp_path):
+    """The error reaches Python only once the observer returns: a burst timed from the call's
+    start would end while the history is still being written, and its outcome would be read
+    before the program saw the error."""
+    torch = FakeTorch(free=0, segments=[segment(GIB, [(GIB, "active_allocated")])],
+                      history=True)
+    clock = Clock()
+    slow = torch._snapshot
+
+    def snapshot(device=None):
+        clock.t += 3.0  # a large history takes seconds to pickle
+        return slow(device)
+
+    torch.cuda.memory._snapshot = snapshot
+    rec = recorder(tmp_path, torch, clock)
+    rec.watch = Watch(raised=True, handled=True)
+    rec.on_oom(0, GIB, torch.total, 0)
+    rec.tick(clock.t + 0.5)  # the observer returned half a second ago
+    first = records(rec.dir)[1]
+    assert first.history and not first.final
+    rec.tick(clock.t + 1.5)
+    assert (records(rec.dir)[1].final, records(rec.dir)[1].outcome) == (True, "caught")
+
+
 # -- bounds and writing -----------------------------------------------------------------------
 
 def test_count_and_byte_caps_per_process(tmp_path):

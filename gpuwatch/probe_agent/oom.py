@@ -113,6 +113,10 @@ class _Burst:
     record: fmt.OomRecord
     watched: bool  # the raise watch was open from its first call
     files: dict[str, int] = field(default_factory=dict)  # name -> bytes on disk
+    # when the observer last returned: a burst ends that long after the allocator got back
+    # control, not after the call began (dumping the history can take longer than the burst,
+    # and the error only reaches Python once the observer has returned)
+    quiet_from: float = 0.0
 
 
 class _Capped:
@@ -185,6 +189,7 @@ class OomRecorder:
                 rec.last_t = t
                 if len(rec.requests) < MAX_REQUESTS_KEPT:
                     rec.requests.append(alloc)
+                burst.quiet_from = self._clock()
                 return False
             self._finalize(device, exited=False)
         if self.records >= self.cfg.oom_max_records or (
@@ -205,6 +210,7 @@ class OomRecorder:
             self._dump_history(burst)
         rec.capture_seconds = round(time.perf_counter() - w0, 6)
         self.last_capture_seconds = rec.capture_seconds
+        burst.quiet_from = self._clock()
         return True
 
     def _capture(self, device: int, alloc: int, cap: int, free: int,
@@ -310,7 +316,7 @@ class OomRecorder:
         try:
             with self._lock:
                 for device in [d for d, b in self._bursts.items()
-                               if now - (b.record.last_t or b.record.t)
+                               if now - max(b.quiet_from, b.record.last_t or b.record.t)
                                > self.cfg.oom_burst_seconds]:
                     self._finalize(device, exited=False)
         except Exception as exc:
