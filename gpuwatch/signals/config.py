@@ -46,6 +46,11 @@ class LifecycleConfig(Section, kw_only=True):
     # this) stays within settle_bytes this long: the critical path judges from then (a
     # slower climb after it does not matter at the critical slope).
     steep_pause_seconds: PositiveFloat = 20.0
+    # A series first seen holding more than this has loaded before it was seen (a daemon
+    # started on a busy host, a process found after its load): its first pause ends loading
+    # without growth seen first. A CUDA context alone holds 0.3-0.8 GiB, and a process
+    # first seen with only that may still be about to load.
+    found_loaded_bytes: NonNegFloat = 2**30
     # Growth before the first pause is taken for loading this long after the start; past
     # it, growth that keeps a steady pace is judged (a smooth load of 3 min is not).
     loading_max_seconds: PositiveFloat = 300.0

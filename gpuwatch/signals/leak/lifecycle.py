@@ -1,7 +1,8 @@
 """Phase of a memory series, recognised by its shape (spec §3): loading -> warmup -> steady.
 
 - **loading**: from the process's start (or a reload) until the retained memory first
-  pauses: it has grown by more than 4 x settle_bytes, then stayed within pause_bytes for
+  pauses: it has grown by more than 4 x settle_bytes (or was first seen holding more than
+  found_loaded_bytes: loaded before it was seen), then stayed within pause_bytes for
   loading_settle_seconds longer than its floor window (which holds a trough that long).
   Model weights arrive as a few large steps, or a smooth climb, and then stop. Growth
   before that pause is taken for loading until it has gone on for loading_max_seconds;
@@ -43,6 +44,8 @@ class Lifecycle:
         self._low_ref: float | None = None
         self._low_t = t_start
         self.first: float | None = None  # the retained memory first seen
+        # first seen already holding what it loaded: a pause needs no growth before it
+        self.found_loaded = False
         self.low: float | None = None  # lowest retained memory since loading
         self._flat_ref: float | None = None
         self._flat_since = t_start
@@ -69,7 +72,7 @@ class Lifecycle:
             self._low_ref = low
         # a pause counts once memory has grown (a reload sits flat before it loads again)
         if (t - self._low_t >= self.cfg.steep_pause_seconds
-                and self._low_ref - self._low_first > 4 * settle):
+                and (self._low_ref - self._low_first > 4 * settle or self.found_loaded)):
             self.t_loaded = t
 
     def block(self, t: float, floor: RetainedFloor) -> bool:
@@ -87,7 +90,8 @@ class Lifecycle:
                 self._flat_ref, self._flat_since = r, t
             # flat for longer than the floor window: a floor holds a trough that long
             elif (t - self._flat_since >= cfg.loading_settle_seconds + floor.period
-                  - floor.block_s and r - self.first > 4 * cfg.settle_bytes):
+                  - floor.block_s and (r - self.first > 4 * cfg.settle_bytes
+                                       or self.found_loaded)):
                 self.phase, self.t_paused = WARMUP, t
                 self.t_loaded = self.t_loaded or t
                 self._rise_ref, self._rise_t = r, t

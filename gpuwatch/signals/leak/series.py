@@ -153,8 +153,9 @@ class LeakSeries:
             self.verdict.end()
             self._start(t)
             life = self.life
-        if self._seen_old is None:
+        if self._seen_old is None:  # the series' first sample (a reload is not one)
             self._seen_old = t - life.t_start >= self.p.cfg.lifecycle.warmup_max_seconds
+            life.found_loaded = v > self.p.cfg.lifecycle.found_loaded_bytes
         if life.phase != STEADY and t - life.t_start >= self.p.cfg.lifecycle.warmup_max_seconds:
             life.phase = STEADY  # an old process, found already running
         if self.floor.add(t, v):
