@@ -25,6 +25,7 @@ Work per block is O(scales x parts).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from itertools import pairwise
@@ -154,18 +155,62 @@ class Scales:
         return out
 
     def loading(self, warn_on: float, min_rise: float, min_span_s: float, part_ratio: float,
-                steady_ratio: float) -> Evidence | None:
+                steady_ratio: float, reach: int | None = None) -> Evidence | None:
         """Growth that has not paused since the series started, judged as a whole from the
-        end of its load (its few large steps, or its steep climb; a leak from the first
-        second has none): it is leak-shaped when it rose by min_rise and the warning slope,
-        beyond its noise, through all of its quarters (the slowest at least part_ratio of the
-        fastest), its second half at steady_ratio of its first's pace at least (robust
-        slopes): a warm-up that levels off, however slowly, is slower in its second half."""
+        end of its load (its few large steps, or its steep climb, or a short pause after
+        them; a leak from the first second has none): it is leak-shaped when it rose by
+        min_rise and the warning slope, beyond its noise, through all of its quarters (the
+        slowest at least part_ratio of the fastest), its second half at steady_ratio of its
+        first's pace at least (robust slopes): a warm-up that levels off, however slowly, is
+        slower in its second half. reach: blocks since the series' cycle started (None: all
+        of its history)."""
         f = self.floor
-        n = self._since_steep(0) - 1  # the block after the load's last step may hold its tail
         b = f.block_s
-        if n * b < min_span_s or n < 2 * self.parts:
-            return None
+        reach = len(f) - 1 if reach is None else min(reach, len(f) - 1)
+        min_n = max(2 * self.parts, math.ceil(min_span_s / b))
+        n = self._load_end(f.at, reach)
+        # (a floor of one block pauses as the life cycle sees it: that ends loading)
+        pause = self._since_pause(reach) if f.window > 1 else None
+        if (pause is not None and pause >= min_n and f.at(0) - f.at(pause)  # type: ignore[operator]
+                > self.noise_factor * self.give_back):
+            # a pause too short to end loading (a sawtooth's first trough holds the floor
+            # flat for less than its window) still ends the load's steps: growth after it
+            # beyond what the series gives back (no sawtooth's first ramp) is not the load
+            n = min(n, pause)
+        ev = None
+        if n * b >= min_span_s and n >= 2 * self.parts:
+            ev = self._whole(n, warn_on, min_rise, part_ratio, steady_ratio)
+        if (ev is None or not ev.shaped) and n // f.window < self.parts:
+            # a floor window longer than a quarter of it lags the whole of it (a sum of
+            # processes whose sawtooths and transients set a long return period, kept while
+            # a member loads): growth far beyond anything the series gave back is judged on
+            # the block values, from the end of the load they show, its slowest part at
+            # part_ratio of its fastest (a load's few steps are not)
+            lows = f.lows
+
+            def low_at(j: int) -> float | None:
+                return lows[-1 - j] if 0 <= j < len(lows) else None
+
+            nb = self._load_end(low_at, min(reach, len(lows) - 1))
+            if nb * b >= min_span_s and nb >= 2 * self.parts:
+                scale = nb * b
+                brk = self._breakout(nb, self.parts, scale, warn_on, part_ratio, min_rise)
+                if brk is not None:
+                    noise = self.noise(max((i for i, s in enumerate(self.scales)
+                                            if s <= scale), default=0))
+                    return Evidence(scale, brk / scale, brk, noise, True, True)
+        return ev
+
+    def _load_end(self, at, reach: int) -> int:
+        """Blocks back to the end of the load (the block after its last step may hold its
+        tail), within reach."""
+        return min(self._since_steep(0, reach, at) - 1, reach)
+
+    def _whole(self, n: int, warn_on: float, min_rise: float, part_ratio: float,
+               steady_ratio: float) -> Evidence:
+        """The growth over the last n blocks of the retained memory, judged as a whole."""
+        f = self.floor
+        b = f.block_s
         rise = f.at(0) - f.at(n)  # type: ignore[operator]
         scale = n * b
         i = max((i for i, s in enumerate(self.scales) if s <= scale), default=0)
@@ -186,9 +231,10 @@ class Scales:
                       and second >= steady_ratio * first)
         return Evidence(scale, rise / scale, rise, noise, rising, shaped)
 
-    def _breakout(self, n: int, parts: int, scale: float, warn_on: float) -> float | None:
+    def _breakout(self, n: int, parts: int, scale: float, warn_on: float,
+                  part_ratio: float = 0.0, least: float = 0.0) -> float | None:
         """The rise of the block values' part minima over the scale, when it is more than
-        noise_factor x the series' largest give-back and shaped like a leak."""
+        noise_factor x the series' largest give-back (and least) and shaped like a leak."""
         lows = self.floor.lows
         parts = max(parts, 3)
         if len(lows) <= n:
@@ -199,9 +245,9 @@ class Scales:
                 for j in range(parts)]
         rise = mins[-1] - mins[0]
         span = scale * (parts - 1) / parts
-        if rise < max(warn_on * span, self.min_rise, self.noise_factor * self.give_back):
+        if rise < max(warn_on * span, self.min_rise, least, self.noise_factor * self.give_back):
             return None
-        if not self._steps_ok(mins, rise):
+        if not self._steps_ok(mins, rise, part_ratio):
             return None
         return rise * parts / (parts - 1)  # over the whole scale, at that pace
 
@@ -248,22 +294,35 @@ class Scales:
         ups = sum(1 for j in range(n) if f.at(j) - f.at(j + 1) > f.tol)  # type: ignore[operator]
         return 2 * ups >= n
 
-    def _since_steep(self, n: int) -> int:
+    def _since_pause(self, reach: int) -> int | None:
+        """Blocks back to the end of the newest pause within reach: three blocks in a row
+        within the floor's tolerance of each other, after memory grew (None: none)."""
+        f = self.floor
+        for j in range(0, reach - 2):
+            a, m, z = f.at(j), f.at(j + 1), f.at(j + 2)
+            if max(a, m, z) - min(a, m, z) <= f.tol and f.at(j) - f.at(reach) > self.min_rise:
+                return j
+        return None
+
+    def _since_steep(self, n: int, reach: int | None = None, at=None) -> int:
         """Blocks back to the end of the series' load: the most recent block before the
         window that rose by half the largest rise of a block, where that largest
         rise is four times the median one (a load is a few large steps, or a steep climb).
-        A leak from the first second has no load: all of its history."""
+        A leak from the first second has no load: all of its history. at: the values
+        (the retained memory's, unless given)."""
         f = self.floor
+        at = at or f.at
 
         def low(j: int) -> float:  # with the two blocks after it: a lone block lifted by churn
-            return min(f.at(i) for i in range(max(0, j - 2), j + 1))  # type: ignore[type-var]
+            return min(at(i) for i in range(max(0, j - 2), j + 1))  # type: ignore[type-var]
 
-        rises = [low(j) - low(j + 1) for j in range(n, len(f) - 1)]
+        end = len(f) - 1 if reach is None else min(reach, len(f) - 1)
+        rises = [low(j) - low(j + 1) for j in range(n, end)]
         if not rises:
             return n
         top = max(rises)
         if top <= 0 or top < 4 * sorted(rises)[len(rises) // 2]:
-            return len(f) - 1
+            return end
         # rises[j] is the rise into the block n + j blocks back: the newest steep one
         last = next(j for j, r in enumerate(rises) if r >= 0.5 * top)
         return n + last

@@ -217,7 +217,8 @@ class LeakSeries:
         if loading:  # growth that never paused: judged as a whole, once it may be no load
             whole = self.scales.loading(p.warn_on, c.loading_min_rise_bytes,
                                         c.loading_min_scale_seconds, c.loading_part_ratio,
-                                        c.loading_steady_ratio)
+                                        c.loading_steady_ratio,
+                                        round((t - life.t_start) / c.block_seconds))
             if whole is not None:
                 ev = [*ev, whole]
         self.rising = any(e.rising for e in ev)
