@@ -181,7 +181,10 @@ DEBIAN_TOOLS = {"prometheus": ("prometheus", "promtool"),
                 "prometheus-alertmanager": ("prometheus-alertmanager", "amtool")}
 
 
-ALERTMANAGER_TEMPLATE = "/usr/share/prometheus/alertmanager/default.tmpl"
+# Debian's Alertmanager reads its notification templates from here (not from its binary):
+# every one must exist, or it starts with no configuration and never answers ready.
+ALERTMANAGER_TEMPLATE_DIR = "/usr/share/prometheus/alertmanager"
+ALERTMANAGER_TEMPLATES = ("default.tmpl", "email.tmpl")
 
 
 def _candidate(package: str) -> str:
@@ -213,14 +216,15 @@ def debian_tools() -> Path:
 
     name = "debian-" + "-".join(pins).replace("=", "-").replace(":", "_")
     root = ensure(name, fetch) / "root"
-    # Debian's Alertmanager reads its default notification template from this path (not
-    # from its binary): the one file placed outside the cache, inert data, where the
-    # package itself would put it.
-    tmpl = Path(ALERTMANAGER_TEMPLATE)
-    if not tmpl.exists():
+    # The templates are the only files placed outside the cache: inert data, where the
+    # package itself would put them.
+    for name in ALERTMANAGER_TEMPLATES:
+        tmpl = Path(ALERTMANAGER_TEMPLATE_DIR) / name
+        if tmpl.exists():
+            continue
         try:
             tmpl.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / ALERTMANAGER_TEMPLATE.lstrip("/"), tmpl)
+            shutil.copy2(root / ALERTMANAGER_TEMPLATE_DIR.lstrip("/") / name, tmpl)
         except OSError as exc:
             raise Unavailable(f"Debian's Alertmanager needs {tmpl}: {exc.strerror}") from None
     return root / "usr" / "bin"
