@@ -132,3 +132,27 @@ def test_host_figures_are_read_again_only_after_the_refresh(monkeypatch):
         now[0] = 100.0 + dt
         info.describe(os.getpid(), None, "compute")
     assert reads == [True, False, False, False, True, False, True]
+
+
+def test_a_process_is_looked_up_once_and_a_reused_pid_again(monkeypatch):
+    import psutil
+
+    from gpuwatch.sources import processes
+
+    made = []
+    real = psutil.Process
+
+    def counting(pid):
+        made.append(pid)
+        return real(pid)
+    monkeypatch.setattr(processes.psutil, "Process", counting)
+    info = ProcessInfo(host_refresh=3600)
+    first = info.describe(os.getpid(), 1, "compute")
+    for _ in range(5):
+        assert info.describe(os.getpid(), 1, "compute").name == first.name
+    assert made == [os.getpid()]  # later samples read only the start time
+    # the pid now names a process started at another time: described afresh, not the old one
+    old = info._known[os.getpid()]
+    info._known[os.getpid()] = old._replace(ticks=old.ticks - 1, name="someone-else")
+    again = info.describe(os.getpid(), 1, "compute")
+    assert again.name == first.name != "someone-else" and len(made) == 2
