@@ -188,3 +188,38 @@ def test_sampler_backs_off_and_recovers(monkeypatch):
         asyncio.run(go())
     finally:
         sampler.close()
+
+
+def test_sampler_runs_the_follow_up_on_its_thread_after_a_good_sample_only(monkeypatch):
+    """sample_then: what the daemon reads right after the GPUs (the probe directory) rides
+    the same hand-off; what it raises comes back in its place; a failed sample runs none."""
+    import threading
+
+    from gpuwatch.sources.sampler import GpuSampler
+
+    fake = FakeNvml([FakeGpu(0)])
+    fake.install(monkeypatch)
+    status = SourceStatus()
+    sampler = GpuSampler(NvmlBackend(xid_events=False), status, retry_max=60)
+    seen = []
+
+    def then(gpus):
+        seen.append((threading.current_thread() is threading.main_thread(), len(gpus)))
+        return "read"
+
+    def broken(gpus):
+        raise OSError("probe directory unreadable")
+
+    async def go():
+        gpus, after = await sampler.sample_then(0, then)
+        assert (len(gpus), after) == (1, "read") and seen == [(False, 1)]
+        _, after = await sampler.sample_then(1, broken)
+        assert isinstance(after, OSError) and status.up  # not the GPUs' failure
+        fake.gpus[0].fail["utilization"] = RuntimeError("driver bug")
+        gpus, after = await sampler.sample_then(2, then)
+        assert (gpus, after) == ([], None) and len(seen) == 1
+
+    try:
+        asyncio.run(go())
+    finally:
+        sampler.close()

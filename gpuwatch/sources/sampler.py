@@ -8,6 +8,8 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from gpuwatch.config import Config
 from gpuwatch.exporter.snapshot import SourceStatus
@@ -15,6 +17,7 @@ from gpuwatch.model import GpuSample
 from gpuwatch.sources.base import BackendUnavailable, GpuBackend
 
 log = logging.getLogger("gpuwatch")
+T = TypeVar("T")
 
 
 def make_backend(cfg: Config) -> GpuBackend:
@@ -44,41 +47,61 @@ class GpuSampler:
         self._hinted = False
 
     async def sample(self, now: float) -> list[GpuSample]:
+        return (await self.sample_then(now, None))[0]
+
+    async def sample_then(self, now: float, then: Callable[[list[GpuSample]], T] | None
+                          ) -> tuple[list[GpuSample], T | BaseException | None]:
+        """The GPUs, and then(gpus) run on the same executor thread right after a sample
+        that succeeded (what it raised, returned in its place; None when it did not run):
+        one hand-off to a thread per tick instead of two."""
         loop = asyncio.get_running_loop()
         if not self._open:
             if time.monotonic() < self._retry_at:
-                return []
+                return [], None
             try:
                 await loop.run_in_executor(self._fast_pool, self.backend.open)
             except BackendUnavailable as exc:
                 self._unavailable(str(exc))
-                return []
+                return [], None
             self._open = True
             self._backoff = 1.0
             log.info("%s backend up (driver %s)", self.backend.name,
                      self.backend.driver_version)
-        t0 = time.perf_counter()
         try:
-            gpus = await loop.run_in_executor(self._fast_pool, self.backend.sample, now)
+            gpus, after, took = await loop.run_in_executor(self._fast_pool, self._sample, now,
+                                                           then)
         except BackendUnavailable as exc:
             self._open = False
             await loop.run_in_executor(self._fast_pool, self.backend.close)
             self._unavailable(str(exc))
-            return []
+            return [], None
         except Exception as exc:  # a sample never kills the daemon
             self.status.errors_total += 1
             self.status.reason = f"sample failed: {exc!r}"
             log.exception("GPU sample failed")
-            return []
+            return [], None
         self.status.up = True
         self.status.reason = ""
         self.status.last_success = now
-        self.status.last_duration_seconds = time.perf_counter() - t0
+        self.status.last_duration_seconds = took
         self._warned = False
         for g in gpus:
             for k, v in self._slow.get(g.uuid, {}).items():
                 setattr(g, k, v)
-        return gpus
+        return gpus, after
+
+    def _sample(self, now: float, then):
+        """On the executor thread; then's time is not the sample's."""
+        t0 = time.perf_counter()
+        gpus = self.backend.sample(now)
+        took = time.perf_counter() - t0
+        after = None
+        if then is not None:
+            try:
+                after = then(gpus)
+            except Exception as exc:
+                after = exc
+        return gpus, after, took
 
     def _unavailable(self, reason: str) -> None:
         self.status.up = False
