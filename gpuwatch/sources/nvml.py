@@ -150,6 +150,7 @@ class NvmlBackend:
             self._register_xid()
 
     def close(self) -> None:
+        self._procinfo.close()
         if self._event_set is not None:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlEventSetFree(self._event_set)
