@@ -1,6 +1,6 @@
 """The daemon: one asyncio loop that samples, analyzes, records and serves.
 
-Sampling is decoupled from serving: NVML calls run on executor threads, engines are scraped
+Sampling is decoupled from serving: NVML calls run on threads of their own, engines are scraped
 by their own tasks, and every fast tick publishes a new immutable Snapshot that /metrics
 renders. A source that fails marks only itself down; nothing here dies on a sample.
 """
@@ -162,6 +162,10 @@ class Daemon:
     async def tick_once(self) -> Tick:
         now = time.time()
         gpus, read = await self.sampler.sample_then(now, self._probe_read_after_sample(now))
+        return await self._tick_from(now, gpus, read)
+
+    async def _tick_from(self, now: float, gpus: list[GpuSample], read: Any) -> Tick:
+        """The host's tick from its GPU sample (and the probe read that followed it)."""
         if self.attribution is not None:  # pods and jobs, from a slowly refreshed cache
             await self.attribution.update(gpus, now)
             self._extras["gpu_owners"] = self.attribution.gpu_owners
@@ -258,26 +262,47 @@ class Daemon:
                 self._render_errors.failed(exc)
 
     async def _tick_loop(self) -> None:
+        """The host's ticks, timed by the sampling thread (sampler.start_ticks): each wakes
+        the loop once, with its sample ready."""
         loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        jobs: collections.deque = collections.deque()
+        waiter: list[asyncio.Future | None] = [None]
+
+        def wake() -> None:
+            if waiter[0] is not None and not waiter[0].done():
+                waiter[0].set_result(None)
+
+        def deliver(job) -> None:
+            jobs.append(job)
+            wake()
+        ticks = self.sampler.start_ticks(
+            loop, lambda: self.config.nvml.fast_interval_seconds,
+            self._probe_read_after_sample, deliver)
+        stopping = asyncio.ensure_future(self._stop.wait())
+        stopping.add_done_callback(lambda _: wake())
         first = True
-        while not self._stop.is_set():
-            try:
-                await self.tick_once()
-            except Exception as exc:  # shown in /readyz and gpuwatch_tick_failures_total
-                self.tick_health.failed(exc)
-                self._publish(self.snapshot.tick, ready=False)
-            if first:  # the summary names the GPUs the first tick found
-                first = False
-                for line in self.summary():
-                    log.info("%s", line)
-            interval = self.config.nvml.fast_interval_seconds
-            next_at += interval
-            if next_at < loop.time():  # fell behind: skip, never burst
-                next_at = loop.time() + interval
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(next_at - loop.time()):  # no task per tick
-                    await self._stop.wait()
+        try:
+            while not self._stop.is_set():
+                if not jobs:
+                    waiter[0] = loop.create_future()
+                    await waiter[0]
+                    continue
+                job = jobs.popleft()
+                try:
+                    gpus, read = self.sampler.take(job)
+                    await self._tick_from(job.now, gpus, read)
+                except Exception as exc:  # shown in /readyz and gpuwatch_tick_failures_total
+                    self.tick_health.failed(exc)
+                    self._publish(self.snapshot.tick, ready=False)
+                finally:
+                    ticks.done()
+                if first:  # the summary names the GPUs the first tick found
+                    first = False
+                    for line in self.summary():
+                        log.info("%s", line)
+        finally:
+            ticks.stop()
+            stopping.cancel()
 
     # -- engines ----------------------------------------------------------------------
     def _engine_sink(self, sample: EngineSample) -> None:
