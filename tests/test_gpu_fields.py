@@ -149,11 +149,13 @@ def test_a_process_is_looked_up_once_and_a_reused_pid_again(monkeypatch, pidfds)
     info = ProcessInfo(host_refresh=3600, max_pidfds=pidfds)
     try:
         first = info.describe(child.pid, 1, "compute")
-        for _ in range(5):
+        for k in range(6):
+            if k % 2:
+                info.poll_exits()  # as a sample does: one poll for all, or one each
             assert info.describe(child.pid, 1, "compute").name == first.name != ""
         assert made == [child.pid]  # one lookup
         # later samples: one poll of the pidfd, or one read of the start time, each
-        assert len(stats) == (1 if pidfds else 6)
+        assert len(stats) == (1 if pidfds else 7)
         if not pidfds:  # the pid now names a process started at another time: afresh
             old = info._known[child.pid]
             info._known[child.pid] = old._replace(ticks=old.ticks - 1, name="someone-else")
@@ -162,6 +164,7 @@ def test_a_process_is_looked_up_once_and_a_reused_pid_again(monkeypatch, pidfds)
     finally:
         child.kill()
         child.wait()
+    info.poll_exits()
     gone = info.describe(child.pid, 1, "compute")  # exited (and reaped): nothing kept
     assert (gone.name, gone.create_time, gone.cpu_seconds_total) == ("", None, None)
     info.close()

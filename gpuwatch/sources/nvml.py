@@ -211,6 +211,7 @@ class NvmlBackend:
     def sample(self, now: float) -> list[GpuSample]:
         with self._lock:
             self._drain_xid(now)
+            self._procinfo.poll_exits()
             out = []
             for dev in self.devices:
                 out.append(self._sample_device(dev))

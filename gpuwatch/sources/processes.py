@@ -73,6 +73,7 @@ class ProcessInfo:
         self._refresh = host_refresh
         self._max_fds = max_pidfds if pidfd_supported() else 0
         self._fds = 0
+        self._exits: dict[int, bool] = {}  # pid -> exited, from poll_exits
 
     def describe(self, pid: int, used: int | None, kind: str) -> ProcessSample:
         known = self._known.get(pid)
@@ -91,13 +92,30 @@ class ProcessInfo:
             _, _, sample.cpu_seconds_total, sample.cpu_ratio, sample.resident_memory_bytes = host
         return sample
 
-    @staticmethod
-    def _same(known: _Known, pid: int) -> bool:
+    def poll_exits(self) -> None:
+        """Once per sample, before describe(): one poll for every pidfd held, not one each."""
+        self._exits = {}
+        fds = {k.fd: pid for pid, k in self._known.items() if k.fd is not None}
+        if not fds:
+            return
+        p = select.poll()
+        for fd in fds:
+            p.register(fd, select.POLLIN)
+        try:
+            ready = {fds[fd] for fd, _ in p.poll(0)}
+        except OSError:
+            return  # each asks its own then
+        self._exits = {pid: pid in ready for pid in fds.values()}
+
+    def _same(self, known: _Known, pid: int) -> bool:
         if known.fd is not None:
-            try:
-                return not _exited(known.fd)
-            except (OSError, ValueError):
-                return False
+            exited = self._exits.pop(pid, None)  # this sample's poll, used once
+            if exited is None:
+                try:
+                    exited = _exited(known.fd)
+                except (OSError, ValueError):
+                    return False
+            return not exited
         return _start_ticks(pid) == known.ticks
 
     def _look_up(self, pid: int) -> _Known | None:
