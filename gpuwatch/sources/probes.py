@@ -134,11 +134,12 @@ class ProbeReader:
         seen = {uid: self._looks(uid) for uid in by_uid}
         todo = {uid: pids for uid, pids in by_uid.items()
                 if seen[uid] is None or self._empty.get(uid) != (seen[uid], frozenset(pids))}
+        known = len(problems)  # the filesystems' status line is no problem of the read
         samples = read_records_of(self.probe_dir, now, todo, stale_after=stale_after,
                                   problems=problems) if todo else []
         found = {s.pid for s in samples}
         self._empty = {uid: (seen[uid], frozenset(pids)) for uid, pids in by_uid.items()
-                       if seen[uid] is not None and not problems
+                       if seen[uid] is not None and len(problems) == known
                        and not found.intersection(pids)}
         return samples, problems
 
