@@ -1,6 +1,6 @@
 """The daemon: one asyncio loop that samples, analyzes, records and serves.
 
-Sampling is decoupled from serving: NVML calls run on executor threads, engines are scraped
+Sampling is decoupled from serving: NVML calls run on threads of their own, engines are scraped
 by their own tasks, and every fast tick publishes a new immutable Snapshot that /metrics
 renders. A source that fails marks only itself down; nothing here dies on a sample.
 """
@@ -100,24 +100,40 @@ class Daemon:
             self.probe_dir, cfg.probe.user_max_bytes, cfg.probe.user_max_files))
         self.oom_reader = OomReader(self.probe_dir)
         self._oom_notes: set[str] = set()
-        self._own_probes = False  # the backend makes its own (simulation): no records
+        # the backend makes its own (simulation): no records; None until the first tick
+        self._own_probes: bool | None = None
         if cfg.probe.enabled and not cfg.simulate and os.geteuid() == 0:
             # Root's; each user's directory in it is made when their process is on a GPU.
             with contextlib.suppress(OSError):
                 prepare_probe_dir(self.probe_dir)
 
     # -- the tick ---------------------------------------------------------------------
-    async def _probes(self, now: float, gpus: list[GpuSample]) -> list[ProbeSample]:
+    def _read_probes(self, now: float, gpus: list[GpuSample]) -> tuple[list[ProbeSample],
+                                                                         list[str]]:
+        """Blocking: the directory is written by users, its cost is theirs to choose."""
+        return self.probe_reader.read(now, [p.pid for g in gpus for p in g.processes],
+                                      stale_after=self.config.probe.stale_after_seconds)
+
+    def _probe_read_after_sample(self, now: float):
+        """The probe directory's read, to run on the sampling thread right after the GPUs
+        (no thread of its own each tick); None while the backend may make its own probes."""
+        if self._own_probes is not False or not self.config.probe.enabled:
+            return None
+        return lambda gpus: self._read_probes(now, gpus)
+
+    async def _probes(self, now: float, gpus: list[GpuSample],
+                      read: Any = None) -> list[ProbeSample]:
+        """read: what the sampling thread's probe read returned (or raised), if it ran."""
         own = self.backend.probes(now)
         self._own_probes = own is not None
         if own is not None:
             return own
         if not self.config.probe.enabled:
             return []
+        if isinstance(read, BaseException):
+            raise read
         # Off the loop: the directory is written by users, its cost is theirs to choose.
-        samples, problems = await asyncio.to_thread(
-            self.probe_reader.read, now, [p.pid for g in gpus for p in g.processes],
-            stale_after=self.config.probe.stale_after_seconds)
+        samples, problems = read or await asyncio.to_thread(self._read_probes, now, gpus)
         st = self.sources.setdefault("probes", SourceStatus())
         st.up, st.last_success, st.reason = True, now, "; ".join(problems[:3])
         return samples
@@ -145,11 +161,15 @@ class Daemon:
 
     async def tick_once(self) -> Tick:
         now = time.time()
-        gpus = await self.sampler.sample(now)
+        gpus, read = await self.sampler.sample_then(now, self._probe_read_after_sample(now))
+        return await self._tick_from(now, gpus, read)
+
+    async def _tick_from(self, now: float, gpus: list[GpuSample], read: Any) -> Tick:
+        """The host's tick from its GPU sample (and the probe read that followed it)."""
         if self.attribution is not None:  # pods and jobs, from a slowly refreshed cache
             await self.attribution.update(gpus, now)
             self._extras["gpu_owners"] = self.attribution.gpu_owners
-        probes = await self._probes(now, gpus)
+        probes = await self._probes(now, gpus, read)
         ooms = [] if self._own_probes else await self._ooms(now, gpus, probes)
         tick = Tick(t=round(now, 3), gpus=gpus, engines=self._take_engines(now), probes=probes,
                     ooms=ooms)
@@ -242,25 +262,47 @@ class Daemon:
                 self._render_errors.failed(exc)
 
     async def _tick_loop(self) -> None:
+        """The host's ticks, timed by the sampling thread (sampler.start_ticks): each wakes
+        the loop once, with its sample ready."""
         loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        jobs: collections.deque = collections.deque()
+        waiter: list[asyncio.Future | None] = [None]
+
+        def wake() -> None:
+            if waiter[0] is not None and not waiter[0].done():
+                waiter[0].set_result(None)
+
+        def deliver(job) -> None:
+            jobs.append(job)
+            wake()
+        ticks = self.sampler.start_ticks(
+            loop, lambda: self.config.nvml.fast_interval_seconds,
+            self._probe_read_after_sample, deliver)
+        stopping = asyncio.ensure_future(self._stop.wait())
+        stopping.add_done_callback(lambda _: wake())
         first = True
-        while not self._stop.is_set():
-            try:
-                await self.tick_once()
-            except Exception as exc:  # shown in /readyz and gpuwatch_tick_failures_total
-                self.tick_health.failed(exc)
-                self._publish(self.snapshot.tick, ready=False)
-            if first:  # the summary names the GPUs the first tick found
-                first = False
-                for line in self.summary():
-                    log.info("%s", line)
-            interval = self.config.nvml.fast_interval_seconds
-            next_at += interval
-            if next_at < loop.time():  # fell behind: skip, never burst
-                next_at = loop.time() + interval
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=next_at - loop.time())
+        try:
+            while not self._stop.is_set():
+                if not jobs:
+                    waiter[0] = loop.create_future()
+                    await waiter[0]
+                    continue
+                job = jobs.popleft()
+                try:
+                    gpus, read = self.sampler.take(job)
+                    await self._tick_from(job.now, gpus, read)
+                except Exception as exc:  # shown in /readyz and gpuwatch_tick_failures_total
+                    self.tick_health.failed(exc)
+                    self._publish(self.snapshot.tick, ready=False)
+                finally:
+                    ticks.done()
+                if first:  # the summary names the GPUs the first tick found
+                    first = False
+                    for line in self.summary():
+                        log.info("%s", line)
+        finally:
+            ticks.stop()
+            stopping.cancel()
 
     # -- engines ----------------------------------------------------------------------
     def _engine_sink(self, sample: EngineSample) -> None:

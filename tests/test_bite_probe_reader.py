@@ -318,3 +318,37 @@ def test_the_listing_reader_looks_at_most_at_max_users(shared_tmp, extra):
     problems: list[str] = []
     read_probes(str(base), now(), problems=problems)
     assert len([p for p in problems if "owned by uid 0" in p]) == USERS
+
+
+class _SharedFilesystem:
+    """What the daemon's user filesystems say where users share one (a line every read)."""
+
+    def status(self) -> str:
+        return "users share one probe filesystem, one can fill it for all: off"
+
+    def make(self, path: str, uid: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("user_fs", [None, _SharedFilesystem()], ids=["plain", "status line"])
+def test_an_unchanged_directory_without_records_is_not_looked_into_again(base, sleepers,
+                                                                           monkeypatch, user_fs):
+    """Records are renamed in: a user directory whose change time stands still holds no new
+    one, and one stat of it replaces a look per pid; a record renamed in is read at once."""
+    alice = sleepers(ALICE, base, OWN)
+    aside = base / f"aside-{alice.pid}.json"
+    os.rename(alice.record, aside)
+    looks = []
+    real = probe_source._read_named
+    monkeypatch.setattr(probe_source, "_read_named",
+                        lambda *a, **k: looks.append(a[2]) or real(*a, **k))
+    reader = ProbeReader(str(base), user_fs)
+    for _ in range(3):
+        got, problems = reader.read(now(), [alice.pid], stale_after=30)
+        assert got == [] and problems == ([user_fs.status()] if user_fs else [])
+    assert looks == [ALICE]  # the first read only
+    time.sleep(0.05)
+    os.rename(aside, alice.record)
+    got, _ = reader.read(now(), [alice.pid], stale_after=30)
+    assert [s.pid for s in got] == [alice.pid] and looks == [ALICE, ALICE]
+    assert [s.pid for s in reader.read(now(), [alice.pid], stale_after=30)[0]] == [alice.pid]

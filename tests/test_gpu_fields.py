@@ -10,11 +10,12 @@ import sys
 import time
 
 import pynvml
+import pytest
 
 from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.model import Tick
-from gpuwatch.sources.processes import ProcessInfo
+from gpuwatch.sources.processes import MAX_PIDFDS, ProcessInfo
 from tests.fake_nvml import FakeGpu, open_backend, proc
 
 MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
@@ -132,3 +133,38 @@ def test_host_figures_are_read_again_only_after_the_refresh(monkeypatch):
         now[0] = 100.0 + dt
         info.describe(os.getpid(), None, "compute")
     assert reads == [True, False, False, False, True, False, True]
+
+
+@pytest.mark.parametrize("pidfds", [MAX_PIDFDS, 0], ids=["pidfd", "start-time"])
+def test_a_process_is_looked_up_once_and_a_reused_pid_again(monkeypatch, pidfds):
+    import psutil
+
+    from gpuwatch.sources import processes
+
+    made, stats = [], []
+    real, real_ticks = psutil.Process, processes._start_ticks
+    monkeypatch.setattr(processes.psutil, "Process", lambda pid: made.append(pid) or real(pid))
+    monkeypatch.setattr(processes, "_start_ticks", lambda pid: stats.append(pid) or real_ticks(pid))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    info = ProcessInfo(host_refresh=3600, max_pidfds=pidfds)
+    try:
+        first = info.describe(child.pid, 1, "compute")
+        for k in range(6):
+            if k % 2:
+                info.poll_exits()  # as a sample does: one poll for all, or one each
+            assert info.describe(child.pid, 1, "compute").name == first.name != ""
+        assert made == [child.pid]  # one lookup
+        # later samples: one poll of the pidfd, or one read of the start time, each
+        assert len(stats) == (1 if pidfds else 7)
+        if not pidfds:  # the pid now names a process started at another time: afresh
+            old = info._known[child.pid]
+            info._known[child.pid] = old._replace(ticks=old.ticks - 1, name="someone-else")
+            again = info.describe(child.pid, 1, "compute")
+            assert again.name == first.name != "someone-else" and len(made) == 2
+    finally:
+        child.kill()
+        child.wait()
+    info.poll_exits()
+    gone = info.describe(child.pid, 1, "compute")  # exited (and reaped): nothing kept
+    assert (gone.name, gone.create_time, gone.cpu_seconds_total) == ("", None, None)
+    info.close()

@@ -144,3 +144,29 @@ def test_connections_beyond_the_limit_are_closed(monkeypatch, limit):
             await srv.close()
     refused, served = run(go())
     assert refused == b"" and served.startswith(b"HTTP/1.1 200")
+
+
+def test_the_connection_sweep_sleeps_while_no_connection_is_open(monkeypatch):
+    """The sweep times out connections: with none open it has nothing to do, and the idle
+    daemon is not woken for it twice a second."""
+    from gpuwatch.exporter import listener
+
+    swept = []
+    real = listener.Listener.sweep
+    monkeypatch.setattr(listener.Listener, "sweep", lambda self: swept.append(
+        len(self._conns)) or real(self))
+
+    async def go():
+        srv = await _serve()
+        try:
+            await asyncio.sleep(4 * listener.SWEEP_SECONDS)
+            idle = len(swept)
+            _, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+            await asyncio.sleep(4 * listener.SWEEP_SECONDS)
+            busy = [n for n in swept[idle:] if n]
+            writer.close()
+            return idle, busy
+        finally:
+            await srv.close()
+    idle, busy = run(go())
+    assert idle == 0 and len(busy) >= 2  # swept only while a connection is open

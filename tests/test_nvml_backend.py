@@ -188,3 +188,78 @@ def test_sampler_backs_off_and_recovers(monkeypatch):
         asyncio.run(go())
     finally:
         sampler.close()
+
+
+def test_sampler_runs_the_follow_up_on_its_thread_after_a_good_sample_only(monkeypatch):
+    """sample_then: what the daemon reads right after the GPUs (the probe directory) rides
+    the same hand-off; what it raises comes back in its place; a failed sample runs none."""
+    import threading
+
+    from gpuwatch.sources.sampler import GpuSampler
+
+    fake = FakeNvml([FakeGpu(0)])
+    fake.install(monkeypatch)
+    status = SourceStatus()
+    sampler = GpuSampler(NvmlBackend(xid_events=False), status, retry_max=60)
+    seen = []
+
+    def then(gpus):
+        seen.append((threading.current_thread() is threading.main_thread(), len(gpus)))
+        return "read"
+
+    def broken(gpus):
+        raise OSError("probe directory unreadable")
+
+    async def go():
+        gpus, after = await sampler.sample_then(0, then)
+        assert (len(gpus), after) == (1, "read") and seen == [(False, 1)]
+        _, after = await sampler.sample_then(1, broken)
+        assert isinstance(after, OSError) and status.up  # not the GPUs' failure
+        fake.gpus[0].fail["utilization"] = RuntimeError("driver bug")
+        gpus, after = await sampler.sample_then(2, then)
+        assert (gpus, after) == ([], None) and len(seen) == 1
+
+    try:
+        asyncio.run(go())
+    finally:
+        sampler.close()
+
+
+def test_the_sampling_thread_waits_for_the_loop_and_stops(monkeypatch):
+    """start_ticks: samples on its own thread, each handed to the loop; the next one only
+    after done() (a slow loop skips samples, never gets a burst); stop() ends the thread."""
+    from gpuwatch.sources.sampler import GpuSampler
+
+    FakeNvml([FakeGpu(0)]).install(monkeypatch)
+    sampler = GpuSampler(NvmlBackend(xid_events=False), SourceStatus(), retry_max=60)
+    got = []
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        ticks = sampler.start_ticks(loop, lambda: 0.02, lambda now: None, got.append)
+        async def until(n):
+            for _ in range(500):
+                if len(got) >= n:
+                    return
+                await asyncio.sleep(0.01)
+        await until(1)
+        await asyncio.sleep(0.3)  # 15 intervals
+        held = len(got)  # the loop never said it was done with the first
+        ticks.done()
+        await until(2)
+        ticks.done()
+        await until(3)
+        await asyncio.sleep(0.1)
+        ticks.stop()
+        ticks.done()
+        ticks.thread.join(2)
+        return held, ticks.thread.is_alive()
+
+    try:
+        held, alive = asyncio.run(go())
+    finally:
+        sampler.close()
+    assert held == 1 and not alive
+    assert len(got) == 3  # one more per done()
+    gpus, _ = sampler.take(got[0])
+    assert [g.uuid for g in gpus] == ["GPU-fake-0"] and sampler.status.up

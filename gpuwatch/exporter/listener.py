@@ -146,6 +146,7 @@ class Listener:
         self._logged_at = -LOG_INTERVAL_SECONDS
         self._bugs: set[str] = set()
         self._retries: dict[int, asyncio.TimerHandle] = {}
+        self._wake = asyncio.Event()  # a connection to sweep, after none
 
     # -- starting and stopping -------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
@@ -225,6 +226,7 @@ class Listener:
         t = self._tally
         t.accept_errors += 1
         t.recent_accept_errors += 1
+        self._wake.set()
         t.last_error = os.strerror(exc.errno) if exc.errno else str(exc)
         self._maybe_log()
         if exc.errno in _NO_DESCRIPTORS:
@@ -260,6 +262,7 @@ class Listener:
             return
         conn = _Conn(sock=sock, client=client, accepted=now, last_rx=now)
         self._conns.add(conn)
+        self._wake.set()
         self._clients.setdefault(client, OrderedDict())[conn] = None
         self._spawn(self._serve(conn))
 
@@ -362,7 +365,14 @@ class Listener:
 
     async def _sweep_loop(self) -> None:
         while True:
-            await asyncio.sleep(SWEEP_SECONDS)
+            t = self._tally
+            if self._conns or t.recent or t.recent_accept_errors:
+                await asyncio.sleep(SWEEP_SECONDS)
+            else:  # nothing can time out: no wake-ups until a connection comes (or a minute)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(LOG_INTERVAL_SECONDS):
+                        await self._wake.wait()
             try:
                 self.sweep()
             except Exception:
@@ -390,6 +400,7 @@ class Listener:
     # -- accounting ------------------------------------------------------------------------------
     def _count(self, reason: str, client: str) -> None:
         t = self._tally
+        self._wake.set()
         t.total[reason] += 1
         t.recent[reason] = t.recent.get(reason, 0) + 1
         if len(t.clients) < 1000 or client in t.clients:

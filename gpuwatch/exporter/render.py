@@ -5,8 +5,10 @@ Rendering every tick would spend that on states nobody reads when Prometheus scr
 15 s and the daemon ticks every second; rendering only when asked would put it on the scrape.
 So the renderer learns the scrape period and renders on the tick just before the next scrape
 is due: a scrape finds its bytes ready (at most a tick and a half old), and the daemon renders
-once per scrape. Bytes rendered ahead are never served over a newer engine scrape: the
-engine's series change once per engine scrape and show from the next Prometheus scrape on.
+once per scrape. Until two scrapes have told the period, the scrapes render their own bytes
+(rendering every tick meanwhile would cost a scrape period's worth of renders). Bytes
+rendered ahead are never served over a newer engine scrape: the engine's series change once
+per engine scrape and show from the next Prometheus scrape on.
 """
 
 from __future__ import annotations
@@ -105,14 +107,10 @@ class Renderer:
 
     def due(self, tick_interval: float) -> bool:
         """Whether a tick should render its new state now: a scrape is expected within
-        about one tick, and no tick rendered for it yet. Before the period is known, every
-        tick renders."""
+        about one tick, and no tick rendered for it yet. Before the period is known, none
+        does: the scrape renders."""
         self._tick = tick_interval
-        if not self._scrapes:
-            return False
-        if len(self._scrapes) < 2:
-            return True
-        if self._ahead:
+        if len(self._scrapes) < 2 or self._ahead:
             return False
         gaps = [b - a for a, b in zip(self._scrapes, list(self._scrapes)[1:], strict=False)]
         period = statistics.median(gaps)

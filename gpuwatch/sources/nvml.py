@@ -150,6 +150,7 @@ class NvmlBackend:
             self._register_xid()
 
     def close(self) -> None:
+        self._procinfo.close()
         if self._event_set is not None:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlEventSetFree(self._event_set)
@@ -178,8 +179,8 @@ class NvmlBackend:
         """Poll (timeout 0) until no event is pending: never blocks the tick."""
         if self._event_set is None:
             return
-        by_handle = {id(d.handle): d for d in self.devices}
-        by_uuid = {d.uuid: d for d in self.devices}
+        by_handle: dict[int, _Device] = {}
+        by_uuid: dict[str, _Device] = {}
         for _ in range(256):
             try:
                 data = pynvml.nvmlEventSetWait_v2(self._event_set, 0)
@@ -188,6 +189,9 @@ class NvmlBackend:
             except pynvml.NVMLError as exc:
                 log.debug("XID poll failed: %s", exc)
                 return
+            if not by_handle:  # built only when an event came (most ticks see none)
+                by_handle = {id(d.handle): d for d in self.devices}
+                by_uuid = {d.uuid: d for d in self.devices}
             dev = by_handle.get(id(data.device))
             if dev is None:
                 try:
@@ -210,6 +214,7 @@ class NvmlBackend:
     def sample(self, now: float) -> list[GpuSample]:
         with self._lock:
             self._drain_xid(now)
+            self._procinfo.poll_exits()
             out = []
             for dev in self.devices:
                 out.append(self._sample_device(dev))

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable, Iterable
 
 import msgspec
@@ -111,6 +112,8 @@ class ProbeReader:
         self.user_fs = user_fs
         self._uid_of: dict[int, int | None] = {}
         self._made: set[int] = set()
+        # uid -> (its directory as seen before a read that found no record, the pids asked)
+        self._empty: dict[int, tuple[tuple, frozenset[int]]] = {}
 
     def read(self, now: float, gpu_pids: Iterable[int], *, stale_after: float
              ) -> tuple[list[ProbeSample], list[str]]:
@@ -125,8 +128,30 @@ class ProbeReader:
         for pid, uid in self._uid_of.items():
             if uid is not None:
                 by_uid.setdefault(uid, []).append(pid)
-        return read_records_of(self.probe_dir, now, by_uid, stale_after=stale_after,
-                               problems=problems), problems
+        # A user's directory unchanged since a read that found none of these pids' records
+        # still holds none: records are renamed in, and a rename changes the directory's
+        # change time (which its owner cannot set back). One stat instead of a look per pid.
+        seen = {uid: self._looks(uid) for uid in by_uid}
+        todo = {uid: pids for uid, pids in by_uid.items()
+                if seen[uid] is None or self._empty.get(uid) != (seen[uid], frozenset(pids))}
+        known = len(problems)  # the filesystems' status line is no problem of the read
+        samples = read_records_of(self.probe_dir, now, todo, stale_after=stale_after,
+                                  problems=problems) if todo else []
+        found = {s.pid for s in samples}
+        self._empty = {uid: (seen[uid], frozenset(pids)) for uid, pids in by_uid.items()
+                       if seen[uid] is not None and len(problems) == known
+                       and not found.intersection(pids)}
+        return samples, problems
+
+    def _looks(self, uid: int) -> tuple | None:
+        """What a user's directory looks like now (None: not a plain directory here)."""
+        try:
+            st = os.lstat(os.path.join(self.probe_dir, str(uid)))
+        except OSError:
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, st.st_mode
 
     def _learn_uids(self, pids: Iterable[int]) -> None:
         pids = set(pids)
