@@ -11,7 +11,11 @@ At each block's close every scale S looks at the retained memory over its last S
   two to `parts` of them; thirds too, where the steps of a leak kept in steps come a third
   of the scale apart) rose by at least `part_share` of an even share, and no one part
   carries more than `max_part_share` of the rise (of four parts; more of fewer): a lone
-  step, or two transients one after the other, do not;
+  step, or two transients one after the other, do not. On the scales confirmed over half
+  their length, a window that rose in a regular staircase (steps alike in size, evenly
+  spaced, none missing at its ends) is cut in parts no shorter than the gap between its
+  steps: a leak kept every 2 min is judged on the 5-min scale by its halves, each holding
+  a step, not on quarters that one of them always misses;
 - does not level off: its second half rose at least `levelling_ratio` of its first;
 - keeps its pace: the window rose at least `steady_ratio` of the pace of what came before
   it (over half the scale, or `lookback_seconds` when longer, not back beyond the end of
@@ -48,7 +52,7 @@ class Scales:
     def __init__(self, scales_s, floor: RetainedFloor, *, parts: int, part_share: float,
                  max_part_share: float, steady_ratio: float, lookback_s: float,
                  min_rise: float, noise_factor: float, long_scale_s: float = 1200.0,
-                 levelling_ratio: float = 0.4) -> None:
+                 levelling_ratio: float = 0.4, staircase_from_s: float = 150.0) -> None:
         self.floor = floor
         b = floor.block_s
         self.scales = [float(s) for s in scales_s]
@@ -61,6 +65,7 @@ class Scales:
         self.max_part_share = max_part_share
         self.steady_ratio = steady_ratio
         self.levelling_ratio = levelling_ratio
+        self.staircase_from = staircase_from_s
         self.lookback = max(1, round(lookback_s / b))
         self.min_rise = min_rise
         self.noise_factor = noise_factor
@@ -209,8 +214,12 @@ class Scales:
         f = self.floor
         long = parts == 2
         # parts no shorter than the floor window: within it the floor moves as troughs come
-        # and go (a staircase under a sawtooth), not only as memory is kept
+        # and go (a staircase under a sawtooth), not only as memory is kept; on the scales
+        # confirmed over half their length, nor than the gaps between the steps of a leak
+        # kept in steps (each part holds one of them)
         parts = min(parts, n // f.window)
+        gap = self._step_gap(n) if n * f.block_s >= self.staircase_from else 1
+        parts = min(parts, n // gap)
         if parts < 2:
             return False
         # in quarters, or in thirds (a leak kept in steps a third of the scale apart)
@@ -232,8 +241,9 @@ class Scales:
         if before_n < half:
             # too little before it to compare paces with: on the scales judged in quarters,
             # a pace, not a few steps (a ratchet's steps right after loading) — most of its
-            # blocks rose; the long scales judge a leak kept in steps minutes apart
-            return long or self._paced(n)
+            # blocks rose, or it rose in regular steps; the long scales judge a leak kept in
+            # steps minutes apart
+            return long or self._paced(n) or gap > 1
         # robust slopes (a staircase under a sawtooth moves in steps, not in a line), on at
         # most 32 points each
         recent = theil_sen((-j, f.at(j)) for j in range(n, -1, -(1 + n // 32)))
@@ -241,6 +251,39 @@ class Scales:
                            for j in range(n + before_n, n - 1, -(1 + before_n // 32)))
         return recent is not None and before is not None and (
             recent >= self.steady_ratio * before)
+
+    def _steps(self, n: int) -> list[tuple[int, float]]:
+        """The retained memory's steps within the last n blocks, newest first: (blocks ago,
+        rise) of each run of blocks that rose beyond the floor's tolerance (a step that
+        straddles two blocks is one)."""
+        f = self.floor
+        out: list[tuple[int, float]] = []
+        for j in range(n):
+            up = f.at(j) - f.at(j + 1)  # type: ignore[operator]
+            if up <= f.tol:
+                continue
+            if out and out[-1][0] == j - 1:
+                out[-1] = (j, out[-1][1] + up)
+            else:
+                out.append((j, up))
+        return out
+
+    def _step_gap(self, n: int) -> int:
+        """The gap, in blocks, between the steps of a leak kept in steps, where the last n
+        blocks are one: the retained memory rose in two steps at least, alike in size and
+        evenly spaced (within a factor of two), with no longer stretch without one before
+        the first or after the last; 1 otherwise (a ramp rises in every block, or too
+        slowly for a block to show it; a ratchet's records come ever more rarely and grow;
+        steps that stopped are no staircase now). The longest gap: each part holds a step."""
+        steps = self._steps(n)
+        if len(steps) < 2:
+            return 1
+        gaps = [b - a for (a, _), (b, _) in pairwise(steps)]
+        rises = [r for _, r in steps]
+        edges = (steps[0][0] + 1, n - steps[-1][0])
+        if max(rises) > 2 * min(rises) or max(*gaps, *edges) > 2 * min(gaps):
+            return 1
+        return max(gaps)
 
     def _paced(self, n: int) -> bool:
         """Whether most blocks of the last n rose beyond the floor's tolerance."""
