@@ -29,6 +29,7 @@ Work per block is O(scales x parts).
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass
 from itertools import pairwise
@@ -293,9 +294,11 @@ class Scales:
 
     def _since_steep(self, n: int) -> int:
         """Blocks back to the end of the series' load: the most recent block before the
-        window that rose by half the largest rise of a block, where that largest
-        rise is four times the median one (a load is a few large steps, or a steep climb).
-        A leak from the first second has no load: all of its history."""
+        window that rose by half the largest rise of a block and by twice the median rise
+        of the blocks after it (a load is a few large steps, or a steep climb, then a slower
+        pace or none: a leak from the start keeps its pace through the load and after it,
+        and may be half as fast as the load). A leak from the first second has no load: all
+        of its history."""
         f = self.floor
 
         def low(j: int) -> float:  # with the two blocks after it: a lone block lifted by churn
@@ -305,11 +308,17 @@ class Scales:
         if not rises:
             return n
         top = max(rises)
-        if top <= 0 or top < 4 * sorted(rises)[len(rises) // 2]:
+        if top <= 0:
             return len(f) - 1
-        # rises[j] is the rise into the block n + j blocks back: the newest steep one
-        last = next(j for j, r in enumerate(rises) if r >= 0.5 * top)
-        return n + last
+        # rises[j] is the rise into the block n + j blocks back: the newest steep one, far
+        # above the pace after it
+        after: list[float] = []
+        for j, r in enumerate(rises):
+            # two blocks after it at least: a pace, not the step's own tail
+            if len(after) >= 2 and r >= 0.5 * top and r >= 2 * after[len(after) // 2]:
+                return n + j
+            insort(after, r)
+        return len(f) - 1
 
     def _steps_ok(self, marks, rise: float, part_ratio: float = 0.0) -> bool:
         """Every step between marks rose its share, none carries most of the rise (fewer
