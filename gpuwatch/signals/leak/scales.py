@@ -295,10 +295,11 @@ class Scales:
     def _since_steep(self, n: int) -> int:
         """Blocks back to the end of the series' load: the most recent block before the
         window that rose by half the largest rise of a block and by twice the median rise
-        of the blocks after it (a load is a few large steps, or a steep climb, then a slower
-        pace or none: a leak from the start keeps its pace through the load and after it,
-        and may be half as fast as the load). A leak from the first second has no load: all
-        of its history."""
+        of the blocks after it, or by min_rise and four times that (a load is a few large
+        steps, or a steep climb, then a slower pace or none: a leak from the start keeps
+        its pace through the load and after it, and may be half as fast as the load; the
+        first burst of a ratchet right after the load is part of it). A leak from the first
+        second has no load: all of its history."""
         f = self.floor
 
         def low(j: int) -> float:  # with the two blocks after it: a lone block lifted by churn
@@ -315,7 +316,10 @@ class Scales:
         after: list[float] = []
         for j, r in enumerate(rises):
             # two blocks after it at least: a pace, not the step's own tail
-            if len(after) >= 2 and r >= 0.5 * top and r >= 2 * after[len(after) // 2]:
+            # a step among the largest twice the pace after it; a smaller one (a ratchet's
+            # first burst) four times it
+            if len(after) >= 2 and r >= min(0.5 * top, self.min_rise) and r >= (
+                    2 if r >= 0.5 * top else 4) * after[len(after) // 2]:
                 return n + j
             insort(after, r)
         return len(f) - 1
