@@ -47,3 +47,12 @@ def test_a_leak_from_the_start_under_a_ratchet_is_judged_from_the_ratchets_first
                                onsets=[0.0], noises=["ratchet"]), name)
     r = lr.score(case, lr.run(case))
     assert r["met"], r
+
+
+def test_a_load_given_back_before_it_ever_paused_is_a_reload_not_a_leak():
+    # no-leak host 45: a process loads 10 GiB under a 476 s sawtooth (its retained memory
+    # never pauses: still `loading`), gives it back and loads it again; the reload was not
+    # recognised before the first pause, and the second load was taken for a critical leak
+    case = lr.host(45)
+    r = lr.score_host(case, lr.run(case))
+    assert r["false_process_episodes"] == 0, r["events"]
