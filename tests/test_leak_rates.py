@@ -6,18 +6,23 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import leak_rates as lr
+from gpuwatch.config import Config
+from gpuwatch.signals.leak import LeakParams, LeakSeries
+from gpuwatch.thresholds import load_table
+
+MIB = 1 << 20
 
 
 def _case(cases, name: str) -> lr.Case:
     return next(c for c in cases if c.name == name)
 
 
-@pytest.mark.parametrize("name", ["steps 256 MiB every 120s/none",
-                                  "steps 1024 MiB every 120s/churn"])
-def test_a_leak_kept_in_steps_minutes_apart_is_found_by_its_third_step(name):
+@pytest.mark.parametrize(("seed", "name"), [(0, "steps 256 MiB every 120s/none"),
+                                            (0, "steps 1024 MiB every 120s/churn")])
+def test_a_leak_kept_in_steps_minutes_apart_is_found_by_its_third_step(seed, name):
     # the 5-min scale holds two or three steps 2 min apart: judged in quarters, one of them
     # always missed a step and the leak waited for the 10-min scale (12 min)
-    case = _case(lr.step_cases(0), name)
+    case = _case(lr.step_cases(seed), name)
     r = lr.score(case, lr.run(case))
     assert r["met"], r
     assert r["latency_s"] <= case.goal and r["episodes"] == 1, r
@@ -56,3 +61,35 @@ def test_a_load_given_back_before_it_ever_paused_is_a_reload_not_a_leak():
     case = lr.host(45)
     r = lr.score_host(case, lr.run(case))
     assert r["false_process_episodes"] == 0, r["events"]
+
+
+def test_growth_that_sped_up_before_its_first_pause_is_judged_on_its_faster_part():
+    # 4 GiB in bursts, a warm-up creeping 2 MiB/s, then from 150 s a leak of 30 MiB/s: no
+    # pause, and judged from the end of the load its first quarter carried the creep alone
+    # (its quarters uneven until the load's tail left the window); its second half is the
+    # leak alone
+    cfg = Config().signals.leak
+    s = LeakSeries(LeakParams.from_config(cfg, load_table()), 0.0)
+
+    def mem(t: float) -> float:
+        v = 500 * MIB + 512 * MIB * min(8, int(t // 4))
+        v += 2 * MIB * min(max(0.0, t - 32), 118) + 30 * MIB * max(0.0, t - 150)
+        return v // (2 * MIB) * 2 * MIB
+
+    fired = None
+    for i in range(300):
+        t = 2.0 * i
+        s.update(t, mem(t))
+        if s.level and fired is None:
+            fired = t
+    assert s.phase == "loading"  # it never paused
+    assert fired is not None and fired <= cfg.lifecycle.loading_max_seconds + 120, fired
+
+
+def test_one_step_kept_under_churn_is_not_a_critical_pace():
+    # 1 GiB kept every 10 min under churn of 0.5-1.5 GiB: the maxima of the fast window's
+    # quarters climbed by chance (transients of random size) while its minima rose once, at
+    # the step; it was critical 14 s after the step, and a second episode at the next one
+    case = _case(lr.step_cases(2), "steps 1024 MiB every 600s/churn")
+    r = lr.score(case, lr.run(case))
+    assert r["critical_latency_s"] is None and r["episodes"] == 1 and r["met"], r

@@ -166,18 +166,33 @@ class Scales:
         second has none): it is leak-shaped when it rose by min_rise and the warning slope,
         beyond its noise, through all of its quarters (the slowest at least part_ratio of the
         fastest), its second half at steady_ratio of its first's pace at least (robust
-        slopes): a warm-up that levels off, however slowly, is slower in its second half."""
-        f = self.floor
+        slopes): a warm-up that levels off, however slowly, is slower in its second half.
+        Growth that sped up (its second half faster than its first: a leak that started
+        after the load) is judged again on its second half, down to min_span_s; growth that
+        slowed down never is."""
         n = self._since_steep(0) - 1  # the block after the load's last step may hold its tail
-        b = f.block_s
-        if n * b < min_span_s or n < 2 * self.parts:
-            return None
+        out = None
+        while self.floor.block_s * n >= min_span_s and n >= 2 * self.parts:
+            ev, sped_up = self._whole(n, warn_on, min_rise, part_ratio, steady_ratio)
+            out = out or ev
+            if ev.shaped:
+                return ev
+            if not sped_up:
+                break
+            n //= 2
+        return out
+
+    def _whole(self, n: int, warn_on: float, min_rise: float, part_ratio: float,
+               steady_ratio: float) -> tuple[Evidence, bool]:
+        """loading()'s evidence over the last n blocks, and whether its second half rose
+        faster than its first."""
+        f = self.floor
         rise = f.at(0) - f.at(n)  # type: ignore[operator]
-        scale = n * b
+        scale = n * f.block_s
         i = max((i for i, s in enumerate(self.scales) if s <= scale), default=0)
         noise = self.noise(i)
         rising = rise >= max(self.min_rise, self.noise_factor * noise)
-        shaped = False
+        shaped = sped_up = False
         if rising and rise >= max(warn_on * scale, min_rise):
             marks = [f.at(n - round(j * n / self.parts)) for j in range(self.parts + 1)]
             half = n // 2
@@ -190,7 +205,8 @@ class Scales:
                       and self._steps_ok(marks, rise, part_ratio) and first is not None
                       and second is not None and first > 0
                       and second >= steady_ratio * first)
-        return Evidence(scale, rise / scale, rise, noise, rising, shaped)
+            sped_up = first is not None and second is not None and second > first
+        return Evidence(scale, rise / scale, rise, noise, rising, shaped), sped_up
 
     def _breakout(self, n: int, parts: int, scale: float, warn_on: float) -> float | None:
         """The rise of the block values' part minima over the scale, when it is more than
