@@ -93,3 +93,13 @@ def test_one_step_kept_under_churn_is_not_a_critical_pace():
     case = _case(lr.step_cases(2), "steps 1024 MiB every 600s/churn")
     r = lr.score(case, lr.run(case))
     assert r["critical_latency_s"] is None and r["episodes"] == 1 and r["met"], r
+
+
+def test_a_leak_under_a_short_sawtooth_from_the_start_is_no_series_of_loads():
+    # under a 60 s sawtooth the retained memory of a leak climbs in a staircase, a step a
+    # minute, flat between: none of its steps is the load's tail (they follow a flat
+    # stretch), or the growth judged as a whole would start again at every step
+    case = _case(lr.leak_cases(1, rates=[r for r in lr.RATES if 5 < r < 7], onsets=[30.0],
+                               noises=["sawtooth"]), "sawtooth/onset 30s/6.32 MiB/s")
+    r = lr.score(case, lr.run(case))
+    assert r["met"], r

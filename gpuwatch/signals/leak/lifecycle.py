@@ -15,9 +15,9 @@
   critical fast path differs (signals/leak/fast.py).
 
 A fall of a sample below reload_drop_ratio of the retained memory after loading (or after
-its steep part: a load that never paused under a sawtooth) is a reload (the memory was given
-back): the cycle starts again. A new pid or a restart (a new create
-time) starts a new series.
+its steep part: a load under a sawtooth may never pause) is a reload (the memory was given
+back): the cycle starts again. A new pid or a restart (a new create time) starts a new
+series.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ Work per block is O(scales x parts).
 
 from __future__ import annotations
 
+import math
 from bisect import insort
 from collections import deque
 from dataclasses import dataclass
@@ -311,11 +312,11 @@ class Scales:
     def _since_steep(self, n: int) -> int:
         """Blocks back to the end of the series' load: the most recent block before the
         window that rose by half the largest rise of a block and by twice the median rise
-        of the blocks after it, or by min_rise and four times that (a load is a few large
-        steps, or a steep climb, then a slower pace or none: a leak from the start keeps
-        its pace through the load and after it, and may be half as fast as the load; the
-        first burst of a ratchet right after the load is part of it). A leak from the first
-        second has no load: all of its history."""
+        of the blocks after it, with the blocks right after it that rose by min_rise and
+        four times that (a load is a few large steps, or a steep climb, then a slower pace
+        or none: a leak from the start keeps its pace through the load and after it, and
+        may be half as fast as the load; the first burst of a ratchet as serving starts is
+        the load's tail). A leak from the first second has no load: all of its history."""
         f = self.floor
 
         def low(j: int) -> float:  # with the two blocks after it: a lone block lifted by churn
@@ -328,17 +329,26 @@ class Scales:
         if top <= 0:
             return len(f) - 1
         # rises[j] is the rise into the block n + j blocks back: the newest steep one, far
-        # above the pace after it
+        # above the pace after it (two blocks at least: a pace, not the step's own tail)
         after: list[float] = []
-        for j, r in enumerate(rises):
-            # two blocks after it at least: a pace, not the step's own tail
-            # a step among the largest twice the pace after it; a smaller one (a ratchet's
-            # first burst) four times it
-            if len(after) >= 2 and r >= min(0.5 * top, self.min_rise) and r >= (
-                    2 if r >= 0.5 * top else 4) * after[len(after) // 2]:
-                return n + j
+        medians = []  # the median rise of the blocks after each
+        for r in rises:
+            medians.append(after[len(after) // 2] if len(after) >= 2 else math.inf)
             insort(after, r)
-        return len(f) - 1
+        last = next((j for j, r in enumerate(rises) if r >= 0.5 * top
+                     and r >= 2 * medians[j]), None)
+        if last is None:
+            return len(f) - 1
+        # and it goes on through the blocks right after it that still rose by min_rise, to
+        # the newest of them four times the pace after it: the load's tail (the first burst
+        # of a ratchet's cached shapes as serving starts); a step after a flat stretch (a
+        # staircase) is not
+        j = last
+        while j > 0 and rises[j - 1] >= self.min_rise:
+            j -= 1
+            if rises[j] >= 4 * medians[j]:
+                last = j
+        return n + last
 
     def _steps_ok(self, marks, rise: float, part_ratio: float = 0.0) -> bool:
         """Every step between marks rose its share, none carries most of the rise (fewer
