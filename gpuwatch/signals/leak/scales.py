@@ -312,11 +312,12 @@ class Scales:
     def _since_steep(self, n: int) -> int:
         """Blocks back to the end of the series' load: the most recent block before the
         window that rose by half the largest rise of a block and by twice the median rise
-        of the blocks after it, with the blocks right after it that rose by min_rise and
-        four times that (a load is a few large steps, or a steep climb, then a slower pace
-        or none: a leak from the start keeps its pace through the load and after it, and
-        may be half as fast as the load; the first burst of a ratchet as serving starts is
-        the load's tail). A leak from the first second has no load: all of its history."""
+        of the blocks after it, with the blocks right after it that still rose, to the
+        newest that rose by min_rise and four times that (a load is a few large steps, or
+        a steep climb, then a slower pace or none: a leak from the start keeps its pace
+        through the load and after it, and may be half as fast as the load; the first burst
+        of a ratchet as serving starts is the load's tail). A leak from the first second
+        has no load: all of its history."""
         f = self.floor
 
         def low(j: int) -> float:  # with the two blocks after it: a lone block lifted by churn
@@ -339,14 +340,14 @@ class Scales:
                      and r >= 2 * medians[j]), None)
         if last is None:
             return len(f) - 1
-        # and it goes on through the blocks right after it that still rose by min_rise, to
-        # the newest of them four times the pace after it: the load's tail (the first burst
-        # of a ratchet's cached shapes as serving starts); a step after a flat stretch (a
-        # staircase) is not
+        # and it goes on through the blocks right after it that still rose (beyond the
+        # floor's tolerance), to the newest of them that rose by min_rise and four times the
+        # pace after it: the load's tail (the first burst of a ratchet's cached shapes as
+        # serving starts); a step after a flat stretch (a staircase) is not
         j = last
-        while j > 0 and rises[j - 1] >= self.min_rise:
+        while j > 0 and rises[j - 1] > f.tol:
             j -= 1
-            if rises[j] >= 4 * medians[j]:
+            if rises[j] >= self.min_rise and rises[j] >= 4 * medians[j]:
                 last = j
         return n + last
 
