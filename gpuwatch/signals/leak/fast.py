@@ -98,9 +98,11 @@ class FastWindow:
             if (rise >= threshold * span_s and min(steps) >= step
                     and max(steps) <= max_step_share * rise):
                 best = rise / span_s if best is None else max(best, rise / span_s)
-        if best is not None and (lo[-1] - lo[0]) / span_s < step_ratio * threshold:
+        if best is not None and ((lo[-1] - lo[0]) / span_s < step_ratio * threshold
+                                 or sum(b - a >= step for a, b in pairwise(lo)) < 2):
             # only the maxima climb: transients of random size (churn given back to the
-            # driver) do that by chance; a leak lifts the minima too, past a sawtooth drop
+            # driver) do that by chance; a leak lifts the minima too, past a sawtooth drop,
+            # and in more than one step (one step kept under churn is not that pace)
             return None
         return best
 

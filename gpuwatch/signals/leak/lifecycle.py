@@ -15,9 +15,10 @@
   or the process is older than warmup_max_seconds. The phase is reported; only the
   critical fast path differs (signals/leak/fast.py).
 
-A fall of a sample below reload_drop_ratio of the retained memory after loading is a reload
-(the memory was given back): the cycle starts again. A new pid or a restart (a new create
-time) starts a new series.
+A fall of a sample below reload_drop_ratio of the retained memory after loading (or after
+its steep part: a load under a sawtooth may never pause) is a reload (the memory was given
+back): the cycle starts again. A new pid or a restart (a new create time) starts a new
+series.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Lifecycle:
         self.first: float | None = None  # the retained memory first seen
         # first seen already holding what it loaded: a pause needs no growth before it
         self.found_loaded = False
-        self.low: float | None = None  # lowest retained memory since loading
+        self.low: float | None = None  # lowest retained memory since (the steep part of) loading
         self._flat_ref: float | None = None
         self._flat_since = t_start
         self._rise_ref: float | None = None
@@ -55,8 +56,7 @@ class Lifecycle:
     def reloaded(self, v: float) -> bool:
         """Whether this sample is a reload: far below the retained memory after loading."""
         low = self.low
-        return (self.phase != LOADING and low is not None and low > 0
-                and v < self.cfg.reload_drop_ratio * low)
+        return (low is not None and low > 0 and v < self.cfg.reload_drop_ratio * low)
 
     def sample(self, t: float, v: float) -> None:
         """A sample of the fast path's cadence: whether the steep part of loading is over."""
@@ -95,7 +95,9 @@ class Lifecycle:
                 self.phase, self.t_paused = WARMUP, t
                 self.t_loaded = self.t_loaded or t
                 self._rise_ref, self._rise_t = r, t
-        if self.phase != LOADING:
+        # after loading, or once its steep part paused (a load that never pauses, under a
+        # sawtooth, can still be given back and loaded again)
+        if self.phase != LOADING or self.t_loaded is not None:
             self.low = r if self.low is None else min(self.low, r)
         if self.phase == WARMUP:
             if self._rise_ref is None or r > self._rise_ref + cfg.settle_bytes:

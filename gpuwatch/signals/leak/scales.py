@@ -11,7 +11,11 @@ At each block's close every scale S looks at the retained memory over its last S
   two to `parts` of them; thirds too, where the steps of a leak kept in steps come a third
   of the scale apart) rose by at least `part_share` of an even share, and no one part
   carries more than `max_part_share` of the rise (of four parts; more of fewer): a lone
-  step, or two transients one after the other, do not;
+  step, or two transients one after the other, do not. On the scales confirmed over half
+  their length, a window that rose in a regular staircase (steps alike in size, evenly
+  spaced, none missing at its ends) is cut in parts no shorter than the gap between its
+  steps: a leak kept every 2 min is judged on the 5-min scale by its halves, each holding
+  a step, not on quarters that one of them always misses;
 - does not level off: its second half rose at least `levelling_ratio` of its first;
 - keeps its pace: the window rose at least `steady_ratio` of the pace of what came before
   it (over half the scale, or `lookback_seconds` when longer, not back beyond the end of
@@ -26,6 +30,7 @@ Work per block is O(scales x parts).
 from __future__ import annotations
 
 import math
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass
 from itertools import pairwise
@@ -49,7 +54,7 @@ class Scales:
     def __init__(self, scales_s, floor: RetainedFloor, *, parts: int, part_share: float,
                  max_part_share: float, steady_ratio: float, lookback_s: float,
                  min_rise: float, noise_factor: float, long_scale_s: float = 1200.0,
-                 levelling_ratio: float = 0.4) -> None:
+                 levelling_ratio: float = 0.4, staircase_from_s: float = 150.0) -> None:
         self.floor = floor
         b = floor.block_s
         self.scales = [float(s) for s in scales_s]
@@ -62,6 +67,7 @@ class Scales:
         self.max_part_share = max_part_share
         self.steady_ratio = steady_ratio
         self.levelling_ratio = levelling_ratio
+        self.staircase_from = staircase_from_s
         self.lookback = max(1, round(lookback_s / b))
         self.min_rise = min_rise
         self.noise_factor = noise_factor
@@ -162,8 +168,10 @@ class Scales:
         min_rise and the warning slope, beyond its noise, through all of its quarters (the
         slowest at least part_ratio of the fastest), its second half at steady_ratio of its
         first's pace at least (robust slopes): a warm-up that levels off, however slowly, is
-        slower in its second half. reach: blocks since the series' cycle started (None: all
-        of its history)."""
+        slower in its second half. Growth that sped up (its second half faster than its
+        first: a leak that started after the load) is judged again on its second half, down
+        to min_span_s; growth that slowed down never is. reach: blocks since the series'
+        cycle started (None: all of its history)."""
         f = self.floor
         b = f.block_s
         reach = len(f) - 1 if reach is None else min(reach, len(f) - 1)
@@ -178,8 +186,13 @@ class Scales:
             # beyond what the series gives back (no sawtooth's first ramp) is not the load
             n = min(n, pause)
         ev = None
-        if n * b >= min_span_s and n >= 2 * self.parts:
-            ev = self._whole(n, warn_on, min_rise, part_ratio, steady_ratio)
+        m = n
+        while m * b >= min_span_s and m >= 2 * self.parts:
+            e, sped_up = self._whole(m, warn_on, min_rise, part_ratio, steady_ratio)
+            ev = e if ev is None or e.shaped else ev
+            if e.shaped or not sped_up:
+                break
+            m //= 2
         if (ev is None or not ev.shaped) and n // f.window < self.parts:
             # a floor window longer than a quarter of it lags the whole of it (a sum of
             # processes whose sawtooths and transients set a long return period, kept while
@@ -207,16 +220,16 @@ class Scales:
         return min(self._since_steep(0, reach, at) - 1, reach)
 
     def _whole(self, n: int, warn_on: float, min_rise: float, part_ratio: float,
-               steady_ratio: float) -> Evidence:
-        """The growth over the last n blocks of the retained memory, judged as a whole."""
+               steady_ratio: float) -> tuple[Evidence, bool]:
+        """The growth over the last n blocks of the retained memory, judged as a whole, and
+        whether its second half rose faster than its first."""
         f = self.floor
-        b = f.block_s
         rise = f.at(0) - f.at(n)  # type: ignore[operator]
-        scale = n * b
+        scale = n * f.block_s
         i = max((i for i, s in enumerate(self.scales) if s <= scale), default=0)
         noise = self.noise(i)
         rising = rise >= max(self.min_rise, self.noise_factor * noise)
-        shaped = False
+        shaped = sped_up = False
         if rising and rise >= max(warn_on * scale, min_rise):
             marks = [f.at(n - round(j * n / self.parts)) for j in range(self.parts + 1)]
             half = n // 2
@@ -229,7 +242,8 @@ class Scales:
                       and self._steps_ok(marks, rise, part_ratio) and first is not None
                       and second is not None and first > 0
                       and second >= steady_ratio * first)
-        return Evidence(scale, rise / scale, rise, noise, rising, shaped)
+            sped_up = first is not None and second is not None and second > first
+        return Evidence(scale, rise / scale, rise, noise, rising, shaped), sped_up
 
     def _breakout(self, n: int, parts: int, scale: float, warn_on: float,
                   part_ratio: float = 0.0, least: float = 0.0) -> float | None:
@@ -255,8 +269,12 @@ class Scales:
         f = self.floor
         long = parts == 2
         # parts no shorter than the floor window: within it the floor moves as troughs come
-        # and go (a staircase under a sawtooth), not only as memory is kept
+        # and go (a staircase under a sawtooth), not only as memory is kept; on the scales
+        # confirmed over half their length, nor than the gaps between the steps of a leak
+        # kept in steps (each part holds one of them)
         parts = min(parts, n // f.window)
+        gap = self._step_gap(n) if n * f.block_s >= self.staircase_from else 1
+        parts = min(parts, n // gap)
         if parts < 2:
             return False
         # in quarters, or in thirds (a leak kept in steps a third of the scale apart)
@@ -278,8 +296,9 @@ class Scales:
         if before_n < half:
             # too little before it to compare paces with: on the scales judged in quarters,
             # a pace, not a few steps (a ratchet's steps right after loading) — most of its
-            # blocks rose; the long scales judge a leak kept in steps minutes apart
-            return long or self._paced(n)
+            # blocks rose, or it rose in regular steps; the long scales judge a leak kept in
+            # steps minutes apart
+            return long or self._paced(n) or gap > 1
         # robust slopes (a staircase under a sawtooth moves in steps, not in a line), on at
         # most 32 points each
         recent = theil_sen((-j, f.at(j)) for j in range(n, -1, -(1 + n // 32)))
@@ -287,6 +306,39 @@ class Scales:
                            for j in range(n + before_n, n - 1, -(1 + before_n // 32)))
         return recent is not None and before is not None and (
             recent >= self.steady_ratio * before)
+
+    def _steps(self, n: int) -> list[tuple[int, float]]:
+        """The retained memory's steps within the last n blocks, newest first: (blocks ago,
+        rise) of each run of blocks that rose beyond the floor's tolerance (a step that
+        straddles two blocks is one)."""
+        f = self.floor
+        out: list[tuple[int, float]] = []
+        for j in range(n):
+            up = f.at(j) - f.at(j + 1)  # type: ignore[operator]
+            if up <= f.tol:
+                continue
+            if out and out[-1][0] == j - 1:
+                out[-1] = (j, out[-1][1] + up)
+            else:
+                out.append((j, up))
+        return out
+
+    def _step_gap(self, n: int) -> int:
+        """The gap, in blocks, between the steps of a leak kept in steps, where the last n
+        blocks are one: the retained memory rose in two steps at least, alike in size and
+        evenly spaced (within a factor of two), with no longer stretch without one before
+        the first or after the last; 1 otherwise (a ramp rises in every block, or too
+        slowly for a block to show it; a ratchet's records come ever more rarely and grow;
+        steps that stopped are no staircase now). The longest gap: each part holds a step."""
+        steps = self._steps(n)
+        if len(steps) < 2:
+            return 1
+        gaps = [b - a for (a, _), (b, _) in pairwise(steps)]
+        rises = [r for _, r in steps]
+        edges = (steps[0][0] + 1, n - steps[-1][0])
+        if max(rises) > 2 * min(rises) or max(*gaps, *edges) > 2 * min(gaps):
+            return 1
+        return max(gaps)
 
     def _paced(self, n: int) -> bool:
         """Whether most blocks of the last n rose beyond the floor's tolerance."""
@@ -306,10 +358,14 @@ class Scales:
 
     def _since_steep(self, n: int, reach: int | None = None, at=None) -> int:
         """Blocks back to the end of the series' load: the most recent block before the
-        window that rose by half the largest rise of a block, where that largest
-        rise is four times the median one (a load is a few large steps, or a steep climb).
-        A leak from the first second has no load: all of its history. at: the values
-        (the retained memory's, unless given)."""
+        window that rose by half the largest rise of a block and by twice the median rise
+        of the blocks after it, with the blocks right after it that still rose, to the
+        newest that rose by min_rise and four times that (a load is a few large steps, or
+        a steep climb, then a slower pace or none: a leak from the start keeps its pace
+        through the load and after it, and may be half as fast as the load; the first burst
+        of a ratchet as serving starts is the load's tail). A leak from the first second
+        has no load: all of its history. at: the values (the retained memory's, unless
+        given)."""
         f = self.floor
         at = at or f.at
 
@@ -321,10 +377,28 @@ class Scales:
         if not rises:
             return n
         top = max(rises)
-        if top <= 0 or top < 4 * sorted(rises)[len(rises) // 2]:
+        if top <= 0:
             return end
-        # rises[j] is the rise into the block n + j blocks back: the newest steep one
-        last = next(j for j, r in enumerate(rises) if r >= 0.5 * top)
+        # rises[j] is the rise into the block n + j blocks back: the newest steep one, far
+        # above the pace after it (two blocks at least: a pace, not the step's own tail)
+        after: list[float] = []
+        medians = []  # the median rise of the blocks after each
+        for r in rises:
+            medians.append(after[len(after) // 2] if len(after) >= 2 else math.inf)
+            insort(after, r)
+        last = next((j for j, r in enumerate(rises) if r >= 0.5 * top
+                     and r >= 2 * medians[j]), None)
+        if last is None:
+            return end
+        # and it goes on through the blocks right after it that still rose (beyond the
+        # floor's tolerance), to the newest of them that rose by min_rise and four times the
+        # pace after it: the load's tail (the first burst of a ratchet's cached shapes as
+        # serving starts); a step after a flat stretch (a staircase) is not
+        j = last
+        while j > 0 and rises[j - 1] > f.tol:
+            j -= 1
+            if rises[j] >= self.min_rise and rises[j] >= 4 * medians[j]:
+                last = j
         return n + last
 
     def _steps_ok(self, marks, rise: float, part_ratio: float = 0.0) -> bool:

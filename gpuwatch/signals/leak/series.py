@@ -57,7 +57,8 @@ def scales_of(cfg: LeakConfig, floor: RetainedFloor) -> Scales:
                   max_part_share=cfg.max_part_share, steady_ratio=cfg.steady_ratio,
                   lookback_s=cfg.lookback_seconds, min_rise=cfg.min_rise_bytes,
                   noise_factor=cfg.noise_factor, long_scale_s=cfg.long_scale_seconds,
-                  levelling_ratio=cfg.levelling_ratio)
+                  levelling_ratio=cfg.levelling_ratio,
+                  staircase_from_s=cfg.long_confirm_from_seconds)
 
 
 class LeakSeries:
