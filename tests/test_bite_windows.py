@@ -83,3 +83,12 @@ def test_a_counter_that_appears_later_in_a_group_is_no_reset():
     bank.update({"core": {"requests": 10.0}})
     assert bank.update({"core": {"requests": 12.0, "errors": 0.0}}) is False
     assert bank.totals() == {"requests": 12.0, "errors": 0.0}
+
+
+def test_a_restarted_engines_folded_totals_stay_in_its_models_totals():
+    counters = EngineCounters(expire_after=1)
+    counters.update(100.0, {"core": {"requests": 10.0}}, models={"core": "llama"})
+    counters.update(200.0, {"core": {"requests": 1.0}}, models={"core": "llama"})  # restarted
+    counters.update(200.0, {"core": {"requests": 2.0}}, models={"core": "llama"})
+    assert counters.totals_by_model() == {"llama": {"requests": 12.0}}
+    assert counters.totals() == {"requests": 12.0}
