@@ -2,7 +2,8 @@
 process with a stand-in torch (cached memory that a flush releases): which requests it
 carries out, what it says, what it sweeps, and where it agrees to publish. A request carried
 out shows as an answer with `ok: true` and released bytes; one refused, as no answer or an
-error."""
+error. The loop's timing and the OOM observer are met in this process, with the same
+stand-in, at chosen times."""
 
 from __future__ import annotations
 
@@ -399,3 +400,41 @@ def test_a_probe_stopped_while_its_process_runs_on_does_not_say_it_exited(
     [rec] = [oom_fmt.record_decoder.decode((own / n).read_bytes())
              for n in os.listdir(own) if oom_fmt.NAME_RE.fullmatch(n)]
     assert rec.final and rec.exited is False and rec.request_bytes == GIB
+
+
+def test_a_request_right_after_the_host_initialised_cuda_is_carried_out(tmp_path, monkeypatch):
+    """The probe published while CUDA was not initialised yet (no allocator to read); the
+    host initialises it, and a flush comes before the next publish: it is carried out."""
+    torch = _stand_in_torch()
+    ready = [False]
+    torch.cuda.is_initialized = lambda: ready[0]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    base = tmp_path / "probe"
+    agent = Agent(ProbeConfig(dir=str(base), interval_seconds=5.0, request_poll_seconds=0.5,
+                              oom_records=False))
+    try:
+        agent.step(1000.0)
+        ready[0] = True
+        rid = send_request(str(base), os.getpid(), "flush")
+        agent.step(1000.5)
+        result = asyncio.run(wait_result(str(base), os.getpid(), rid, 1.0))
+        assert result["ok"] is True and result["released_bytes"] == 64 << 20, result
+    finally:
+        agent.stop()
+
+
+def test_the_probes_thread_sleeps_until_its_next_turn(tmp_path, monkeypatch):
+    """Between a publish and the next poll the thread waits (0.5 s here): in 0.3 s it takes
+    a turn or two, not one a millisecond."""
+    monkeypatch.setitem(sys.modules, "torch", _stand_in_torch())
+    agent = Agent(ProbeConfig(dir=str(tmp_path / "probe"), interval_seconds=5.0,
+                              request_poll_seconds=0.5, oom_records=False))
+    turns = []
+    step = agent.step
+    monkeypatch.setattr(agent, "step", lambda now: turns.append(now) or step(now))
+    agent.start()
+    try:
+        time.sleep(0.3)
+    finally:
+        agent.stop()
+    assert 1 <= len(turns) <= 3, len(turns)
