@@ -28,7 +28,6 @@ import argparse
 import ast
 import concurrent.futures
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -371,7 +370,7 @@ def main() -> None:
             label = row.get("name") or f"{row['file']}:{row['line']}"
             print(f"{verdict:>16}  {label}  {row['mutation']}", file=sys.stderr)
     out: dict = {"benchmark": "mutation", "seed": args.seed, "per_target": args.per_target,
-                 "machine": platform.node(), "cpus": os.cpu_count(),
+                 "machine": f"{os.cpu_count()} vCPU", "cpus": os.cpu_count(),
                  "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
                  "wall_seconds": round(time.monotonic() - t0),
                  "failing_before_mutation": list(broken)}

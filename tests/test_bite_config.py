@@ -4,6 +4,7 @@ duplicate engine names, secrets masked, only regular files read."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -89,6 +90,13 @@ def test_documented_defaults(tmp_path):
     assert (n.fast_interval_seconds, n.slow_interval_seconds, n.xid_events,
             n.retry_max_seconds, n.gpus) == (2.0, 30.0, True, 60.0, [])
     assert cfg.http.api_state is True
+    # README's [http] and docs/security.md ("Connections"): 512 connections, 64 a client,
+    # 10 s for the handshake and headers, 30 s to read a response, 75 s idle, 10 failed
+    # logins a minute
+    h = cfg.http
+    assert (h.max_connections, h.max_connections_per_client, h.header_timeout_seconds,
+            h.write_timeout_seconds, h.idle_timeout_seconds, h.auth_failures_per_minute) == (
+        512, 64, 10.0, 30.0, 75.0, 10.0)
     assert (cfg.record, cfg.events_log, cfg.simulate, cfg.thresholds.file) == ("", "", "", "")
 
 
@@ -108,6 +116,14 @@ def test_an_unbracketed_ipv6_listen_address_is_told_to_use_brackets(tmp_path, li
         load_text(tmp_path, f'listen = "{listen}"\n')
 
 
-def test_a_port_that_is_not_a_number_is_told_so(tmp_path):
-    with pytest.raises(ConfigError, match=r"port 'http' in 'host:http' is not a number"):
-        load_text(tmp_path, 'listen = "host:http"\n')
+@pytest.mark.parametrize("listen", ["host:http", "[::1]:http", "[fe80::1%eth0]:http"])
+def test_a_port_that_is_not_a_number_is_told_so(tmp_path, listen):
+    with pytest.raises(ConfigError, match=rf"port 'http' in '{re.escape(listen)}' is not a"):
+        load_text(tmp_path, f'listen = "{listen}"\n')
+
+
+def test_a_count_of_one_is_accepted_and_zero_is_not(tmp_path):
+    cfg = load_text(tmp_path, "[http]\nmax_connections = 1\nmax_connections_per_client = 1\n")
+    assert (cfg.http.max_connections, cfg.http.max_connections_per_client) == (1, 1)
+    with pytest.raises(ConfigError, match="max_connections_per_client"):
+        load_text(tmp_path, "[http]\nmax_connections_per_client = 0\n")

@@ -11,6 +11,7 @@ import math
 import pytest
 
 from gpuwatch.engines.config import DiscoveryConfig, EngineConfig
+from gpuwatch.exposition import common as c
 from gpuwatch.exposition import read
 from gpuwatch.model import EngineSample
 from gpuwatch.signals.config import KvCacheSignalConfig, QueueSignalConfig
@@ -247,3 +248,23 @@ def test_a_restarted_process_is_folded_after_exactly_expire_after_scrapes_withou
         bank.update(200.0, {"g": {"q": 5.0 * n}})  # restarted: counts from its own values
         assert bank.totals() == {"q": 40.0 + 5.0 * n}  # the old process's count is kept
         assert (100.0 in bank.banks) is (n < 3), n  # ... in its bank, then folded
+
+
+def test_an_ambiguous_endpoint_names_why_for_each_signal_it_derives_nothing_for():
+    """Two processes answering in turn at one URL, no start time to tell them apart: every
+    windowed signal is missing, each with the same short reason (the head of the
+    endpoint's own), and their resets are not counted as restarts."""
+    run = Run()
+    for i in range(12):
+        text = vllm_text(0, 0, preempt=1000 if i % 2 else 10).splitlines()
+        run.scrape(5.0 * i, "\n".join(x for x in text if "process_start_time" not in x))
+    st = run.state()
+    assert st.ambiguous and ":" in st.reason
+    head = st.reason.split(":", 1)[0]
+    assert "counters went backwards" in head
+    for key in (c.PREFIX_CACHE, c.KV_HIT_RATIO, c.QUEUE_LATENCY, c.QUEUE_MEAN, c.PREEMPTION):
+        assert st.missing[key] == f"ambiguous endpoint: {head}", key
+    assert st.preemption_rate_per_second is None
+    # the resets are no restarts: only the first, counted before the second showed the
+    # flapping, stays counted
+    assert st.restarts_total == 1

@@ -2,22 +2,30 @@
 process with a stand-in torch (cached memory that a flush releases): which requests it
 carries out, what it says, what it sweeps, and where it agrees to publish. A request carried
 out shows as an answer with `ok: true` and released bytes; one refused, as no answer or an
-error."""
+error. The loop's timing and the OOM observer are met in this process, with the same
+stand-in, at chosen times."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
+from gpuwatch.probe_agent import oom as oom_recorder
+from gpuwatch.probe_agent.agent import Agent
+from gpuwatch.probe_channel import oom as oom_fmt
 from gpuwatch.probe_channel import protocol
+from gpuwatch.probe_channel.config import ProbeConfig
 from gpuwatch.probe_channel.requests import send_request, wait_result
 from gpuwatch.sources.probes import ensure_user_dir, prepare_probe_dir
+from tests.fake_torch_oom import GIB, FakeTorch, OutOfMemoryError, segment
 from tests.helpers import child_env, wait_until
 from tests.other_uids import ALICE, MALLORY, needs_root
 
@@ -297,3 +305,136 @@ def test_the_probe_closes_its_own_directory_to_others(shared_tmp, probes):
     os.chown(mine, ALICE, ALICE)
     assert probes(ALICE, config={"dir": str(base)}, mode="publish").once() == "published"
     assert mine.stat().st_mode & 0o777 == 0o700
+
+
+# -- the loop's timing and the OOM observer, in this process ----------------------------------
+
+def _stand_in_torch(attach=None):
+    """The child's stand-in torch, here; attach: its OOM observer hook (none: an older torch)."""
+    cached = [64 << 20]
+    torch = types.ModuleType("torch")
+    torch.__version__ = "0.0+stand-in"
+    torch.version = types.SimpleNamespace(cuda="12.8")
+    torch.cuda = types.SimpleNamespace(
+        is_initialized=lambda: True, device_count=lambda: 1,
+        memory_stats=lambda i=0: {"reserved_bytes.all.current": cached[0],
+                                  "allocated_bytes.all.current": 0},
+        memory_snapshot=lambda **kw: [], empty_cache=lambda: cached.__setitem__(0, 0),
+        get_device_properties=lambda i: types.SimpleNamespace(uuid="GPU-stand-in"),
+        memory=types.SimpleNamespace(_snapshot=lambda: {"segments": [], "device_traces": []}))
+    torch._C = types.SimpleNamespace()
+    if attach is not None:
+        torch._C._cuda_attach_out_of_memory_observer = attach
+    return torch
+
+
+def test_the_probe_publishes_once_an_interval_and_polls_requests_when_due(
+        tmp_path, monkeypatch):
+    """Steps at chosen times: a publish at the first, none half an interval later, the next
+    exactly one interval on, or at the next step after a flush (not after a snapshot); a
+    request is looked for exactly when its poll is due."""
+    monkeypatch.setitem(sys.modules, "torch", _stand_in_torch())
+    base = tmp_path / "probe"
+    agent = Agent(ProbeConfig(dir=str(base), interval_seconds=5.0, request_poll_seconds=0.5,
+                              oom_records=False))
+    try:
+        agent.step(1000.0)
+        assert agent.publishes == 1
+        send_request(str(base), os.getpid(), "flush")
+        agent.step(1000.25)  # neither a publish nor a poll due
+        assert (agent.publishes, agent.requests_handled) == (1, 0)
+        agent.step(1000.5)  # the poll due, to the step
+        assert (agent.publishes, agent.requests_handled) == (1, 1)
+        agent.step(1000.75)  # the flush's effect published at once
+        assert agent.publishes == 2
+        rid = send_request(str(base), os.getpid(), "snapshot")
+        agent.step(1001.0)
+        assert asyncio.run(wait_result(str(base), os.getpid(), rid, 1.0))["ok"] is True
+        for t in (1001.25, 1003.25):  # a snapshot frees nothing: no publish before it is due
+            agent.step(t)
+            assert agent.publishes == 2, t
+        agent.step(1005.75)
+        assert agent.publishes == 3
+    finally:
+        agent.stop()
+
+
+def test_an_oom_observer_that_cannot_be_attached_is_tried_once(tmp_path, monkeypatch):
+    """Attaching goes into the host's CUDA runtime: one that fails is not tried again at
+    every publish."""
+    calls = []
+
+    def attach(observer):
+        calls.append(observer)
+        raise RuntimeError("no observer in this build")
+    monkeypatch.setitem(sys.modules, "torch", _stand_in_torch(attach))
+    monkeypatch.setattr(oom_recorder, "_attached_pid", None)
+    agent = Agent(ProbeConfig(dir=str(tmp_path / "probe"), interval_seconds=1.0,
+                              oom_records=True))
+    try:
+        for _ in range(3):
+            agent.publish()
+        assert agent.publishes == 3 and len(calls) == 1 and agent.oom is None
+    finally:
+        agent.stop()
+
+
+def test_a_probe_stopped_while_its_process_runs_on_does_not_say_it_exited(
+        tmp_path, monkeypatch):
+    """stop() but for the interpreter's exit (a restart with other settings): an OOM burst
+    still open is finished as one the process lived through."""
+    torch = FakeTorch(free=0, segments=[segment(GIB, [(GIB, "active_allocated")])])
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(oom_recorder, "_attached_pid", None)
+    monkeypatch.setattr(oom_recorder, "_current", None)
+    base = tmp_path / "probe"
+    agent = Agent(ProbeConfig(dir=str(base), interval_seconds=1.0, oom_records=True))
+    try:
+        agent.publish()  # attaches the observer
+        assert agent.oom is not None
+        with contextlib.suppress(OutOfMemoryError):
+            torch.fail(GIB)
+    finally:
+        agent.stop()
+    own = base / str(os.geteuid())
+    [rec] = [oom_fmt.record_decoder.decode((own / n).read_bytes())
+             for n in os.listdir(own) if oom_fmt.NAME_RE.fullmatch(n)]
+    assert rec.final and rec.exited is False and rec.request_bytes == GIB
+
+
+def test_a_request_right_after_the_host_initialised_cuda_is_carried_out(tmp_path, monkeypatch):
+    """The probe published while CUDA was not initialised yet (no allocator to read); the
+    host initialises it, and a flush comes before the next publish: it is carried out."""
+    torch = _stand_in_torch()
+    ready = [False]
+    torch.cuda.is_initialized = lambda: ready[0]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    base = tmp_path / "probe"
+    agent = Agent(ProbeConfig(dir=str(base), interval_seconds=5.0, request_poll_seconds=0.5,
+                              oom_records=False))
+    try:
+        agent.step(1000.0)
+        ready[0] = True
+        rid = send_request(str(base), os.getpid(), "flush")
+        agent.step(1000.5)
+        result = asyncio.run(wait_result(str(base), os.getpid(), rid, 1.0))
+        assert result["ok"] is True and result["released_bytes"] == 64 << 20, result
+    finally:
+        agent.stop()
+
+
+def test_the_probes_thread_sleeps_until_its_next_turn(tmp_path, monkeypatch):
+    """Between a publish and the next poll the thread waits (0.5 s here): in 0.3 s it takes
+    a turn or two, not one a millisecond."""
+    monkeypatch.setitem(sys.modules, "torch", _stand_in_torch())
+    agent = Agent(ProbeConfig(dir=str(tmp_path / "probe"), interval_seconds=5.0,
+                              request_poll_seconds=0.5, oom_records=False))
+    turns = []
+    step = agent.step
+    monkeypatch.setattr(agent, "step", lambda now: turns.append(now) or step(now))
+    agent.start()
+    try:
+        time.sleep(0.3)
+    finally:
+        agent.stop()
+    assert 1 <= len(turns) <= 3, len(turns)

@@ -7,8 +7,10 @@ A guard that sits behind another one is attacked with the other out of the way, 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
+import stat
 from types import SimpleNamespace
 
 import pytest
@@ -26,6 +28,8 @@ from tests.other_uids import ALICE, MALLORY, needs_root, run_as
 
 pytestmark = needs_root
 SECRET = b"mallory's private key 51c0"
+MESSAGE_BYTES = 64 << 10  # docs/probe.md: a request or an answer is at most 64 KiB
+RECORD_BYTES = 256 << 10  # and a record at most 256 KiB
 
 
 @pytest.fixture
@@ -221,9 +225,93 @@ def test_a_request_of_the_largest_size_is_sent_and_one_byte_more_is_not(probe, m
     # the JSON of a request with an empty pad, then the pad that brings it to the cap
     small = send_request(str(base), alice.pid, "snapshot", {"pad": ""})
     size = (d / protocol.request_name(alice.pid, small)).stat().st_size
-    pad = "x" * (protocol.MAX_MESSAGE_BYTES - size)
+    pad = "x" * (MESSAGE_BYTES - size)
     rid = send_request(str(base), alice.pid, "snapshot", {"pad": pad})
-    assert (d / protocol.request_name(alice.pid, rid)).stat().st_size == \
-        protocol.MAX_MESSAGE_BYTES
+    assert (d / protocol.request_name(alice.pid, rid)).stat().st_size == MESSAGE_BYTES
     with pytest.raises(ValueError, match="too large"):
         send_request(str(base), alice.pid, "snapshot", {"pad": pad + "x"})
+
+
+def test_a_request_is_roots_0644_and_readable_by_the_probes_user_only(probe):
+    """docs/probe.md: 0644 in the user's 0700 directory. The probe's user reads it, nobody
+    but root may change it, and no execute bit is set on what a user's process opens."""
+    base, alice = probe
+    rid = send_request(str(base), alice.pid, "flush")
+    path = base / str(ALICE) / protocol.request_name(alice.pid, rid)
+    st = os.stat(path)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o644)
+    assert json.loads(run_as(ALICE, "print(open(args[0]).read())", path))["id"] == rid
+    assert "denied" in run_as(MALLORY, "try:\n    open(args[0])\nexcept PermissionError:\n"
+                                       "    print('denied')", path)
+
+
+def _alices_snapshot(base, alice, shared_tmp, data: bytes):
+    """(request id, where copy_out is to write): a snapshot of alice's, written by her."""
+    rid = protocol.new_request_id()
+    run_as(ALICE, "open(os.path.join(args[0], args[1]), 'wb').write(bytes.fromhex(args[2]))",
+           base / str(ALICE), protocol.snapshot_name(alice.pid, rid), data.hex())
+    dest = shared_tmp / "snaps" / "out.pickle"
+    dest.parent.mkdir(mode=0o700)
+    return rid, dest
+
+
+def _lseek_failing(monkeypatch, err: int) -> None:
+    """Where SEEK_DATA / SEEK_HOLE fail with err (no filesystem of the test host does)."""
+    real = os.lseek
+
+    def lseek(fd, pos, how):
+        if how in (os.SEEK_DATA, os.SEEK_HOLE):
+            raise OSError(err, os.strerror(err))
+        return real(fd, pos, how)
+    monkeypatch.setattr(os, "lseek", lseek)
+
+
+def test_a_snapshot_on_a_filesystem_without_seek_data_is_copied_whole(
+        probe, shared_tmp, monkeypatch):
+    """A filesystem that cannot tell holes (EINVAL to SEEK_DATA) gets the file copied as one
+    run of data, not refused."""
+    base, alice = probe
+    data = bytes(range(256)) * 40
+    rid, dest = _alices_snapshot(base, alice, shared_tmp, data)
+    _lseek_failing(monkeypatch, errno.EINVAL)
+    assert copy_out(str(base), alice.pid, rid, str(dest), 1 << 20) == len(data)
+    assert dest.read_bytes() == data
+
+
+def test_an_error_while_mapping_a_snapshot_fails_the_copy(probe, shared_tmp, monkeypatch):
+    """An I/O error to SEEK_DATA is not taken for a filesystem without it: the copy fails and
+    leaves no file."""
+    base, alice = probe
+    rid, dest = _alices_snapshot(base, alice, shared_tmp, b"s" * 4096)
+    _lseek_failing(monkeypatch, errno.EIO)
+    with pytest.raises(OSError) as exc:
+        copy_out(str(base), alice.pid, rid, str(dest), 1 << 20)
+    assert exc.value.errno == errno.EIO
+    assert not dest.exists()
+
+
+def test_a_record_that_grows_past_the_cap_while_read_is_refused(probe, monkeypatch):
+    """The size is checked on the descriptor, then the file read. alice appends a byte to a
+    record of exactly 256 KiB right after the check (the race, made to happen): the read is
+    refused, not cut at the cap and believed."""
+    base, _alice = probe
+    d = base / str(ALICE)
+    run_as(ALICE, "open(args[0], 'wb').write(b' ' * int(args[1]))", d / "grows.json",
+           RECORD_BYTES)
+    ino = os.stat(d / "grows.json").st_ino
+    real, grown = os.fstat, []
+
+    def fstat(fd):
+        st = real(fd)
+        if st.st_ino == ino and not grown:
+            grown.append(True)
+            run_as(ALICE, "open(args[0], 'ab').write(b'x')", d / "grows.json")
+        return st
+    monkeypatch.setattr(os, "fstat", fstat)
+    fd = protocol.open_dir(str(d))
+    try:
+        with pytest.raises(ValueError, match="more than"):
+            protocol.read_regular(fd, "grows.json", RECORD_BYTES)
+    finally:
+        os.close(fd)
+    assert grown

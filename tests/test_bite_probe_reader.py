@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -352,3 +353,69 @@ def test_an_unchanged_directory_without_records_is_not_looked_into_again(base, s
     got, _ = reader.read(now(), [alice.pid], stale_after=30)
     assert [s.pid for s in got] == [alice.pid] and looks == [ALICE, ALICE]
     assert [s.pid for s in reader.read(now(), [alice.pid], stale_after=30)[0]] == [alice.pid]
+
+
+@pytest.mark.parametrize("mode", [0o077, 0o670, 0o604, 0o710, 0o755])
+def test_any_group_or_other_bit_on_a_users_own_directory_is_closed(base, mode):
+    """alice opened her directory to others (whatever she left of her own bits): the root
+    daemon puts it back to 0700, still hers."""
+    d = base / str(ALICE)
+    d.chmod(mode)
+    ensure_user_dir(str(base), ALICE)
+    st = os.lstat(d)
+    assert (st.st_uid, st.st_mode & 0o7777) == (ALICE, 0o700)
+
+
+def test_how_users_are_kept_apart_leads_the_readers_problems(shared_tmp, sleepers):
+    """The daemon reports the first three problems as the probes source's reason: the
+    filesystem's phrase comes first, before the directories it could not make."""
+    users = shared_tmp / "users"
+    users.mkdir()
+    users.chmod(0o1777)
+    run_as(ALICE, "os.mkdir(args[0], 0o755)", users / "probe")
+    base = users / "probe"
+    mallory = sleepers(MALLORY, base)
+    phrase = "users share one probe filesystem, one can fill it for all: test"
+    user_fs = SimpleNamespace(status=lambda: phrase, make=lambda path, uid: None)
+    _, problems = ProbeReader(str(base), user_fs).read(now(), [mallory.pid], stale_after=30)
+    assert problems[0] == phrase
+    assert any("not making user directories" in p for p in problems[1:]), problems
+
+
+def test_the_daemon_makes_directories_for_at_most_max_users(shared_tmp, monkeypatch):
+    """The cap lowered to 3 for the test (the count, not its value, is what is checked;
+    the listing reader's test above checks 4096): four users with a process on a GPU
+    (psutil's table of them stands in for real uids), three directories made."""
+    monkeypatch.setattr(probe_source, "MAX_USERS", 3)
+    base = shared_tmp / "probe"
+    prepare_probe_dir(str(base))
+    uid_of = {pid: 100_000 + pid for pid in range(1, 5)}
+
+    class Process:
+        def __init__(self, pid):
+            self.pid = pid
+
+        def uids(self):
+            uid = uid_of[self.pid]
+            return SimpleNamespace(real=uid, effective=uid, saved=uid)
+    monkeypatch.setattr(probe_source.psutil, "Process", Process)
+    ProbeReader(str(base)).read(now(), list(uid_of), stale_after=30)
+    made = [n for n in os.listdir(base) if n.isdigit()]
+    assert len(made) == 3
+    assert all(os.stat(base / n).st_uid == int(n) for n in made)
+
+
+@pytest.mark.parametrize("off, believed", [(1.0, True), (-1.0, True), (1.001, False)])
+def test_a_record_within_a_second_of_the_processs_start_time_is_its_own(
+        base, sleepers, off, believed):
+    """psutil's create time is derived, so the record's may differ by up to a second (both
+    exactly a second off, here); more, and the pid is taken for a newer process's."""
+    alice = sleepers(ALICE, base, OWN)
+    started = probe_source.psutil.Process(alice.pid).create_time()
+    claimed = started + off
+    assert (abs(started - claimed) == 1.0) is believed
+    run_as(ALICE, "r = json.load(open(args[0])); r['create_time'] = float(args[1]);"
+                  "open(args[0] + '.t', 'w').write(json.dumps(r));"
+                  "os.rename(args[0] + '.t', args[0])", alice.record, repr(claimed))
+    got = read_records_of(str(base), now(), {ALICE: [alice.pid]})
+    assert bool(got) is believed

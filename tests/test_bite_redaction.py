@@ -160,3 +160,29 @@ def test_a_log_call_with_a_bad_format_is_reported_as_logging_would(capsys):
     finally:
         logger.removeHandler(handler)
     assert "--- Logging error ---" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("odd", [None, 42, ["gzip"]])
+def test_plain_data_shaped_otherwise_than_the_configuration_is_shown_not_crashed_on(odd):
+    """config_for_display takes plain data too: where a secret field's path meets a value
+    that is no table (a null, a number, a list where headers are a table), that value is
+    left as it is, and every other secret is still masked."""
+    data = {"otlp": {"endpoint": "https://u:otlp-pass-5a@collector:4318", "headers": odd},
+            "webhook": {"token": "hook-token-4c3b"},
+            "engines": [{"url": "http://e:engine-pass-1f@127.0.0.1:8000", "headers": odd}]}
+    shown = redact.config_for_display(data)
+    assert shown["otlp"]["headers"] == odd and shown["engines"][0]["headers"] == odd
+    assert shown["otlp"]["endpoint"] == "https://***@collector:4318"
+    assert shown["engines"][0]["url"] == "http://***@127.0.0.1:8000"
+    assert shown["webhook"]["token"] == "***"
+
+
+def test_secret_args_that_name_no_argument_mask_nothing_else():
+    """Plain data is not validated as a loaded configuration is: indices past the end of
+    argv, negative or not integers pick no argument (none is masked for them, nothing
+    fails), the valid one is masked."""
+    data = {"remediation": {"exec": {"argv": ["/hook", "s3cret-arg-77", "--verbose"],
+                                     "secret_args": [1, 3, -1, "2"]}}}
+    shown = redact.config_for_display(data)["remediation"]["exec"]
+    assert shown["argv"] == ["/hook", "***", "--verbose"]
+    assert redact.secret_values(data) == {"s3cret-arg-77"}

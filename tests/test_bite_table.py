@@ -70,3 +70,15 @@ def test_derived_zone_starts_stay_in_order_within_the_total(tmp_path, rule):
         row = table.match("Some New GPU", gib * GIB)
         assert row.id == "derived"
         assert row.warning_bytes <= row.critical_bytes <= row.memory_total_bytes, (gib, row)
+
+
+def test_the_table_lists_a_row_with_the_system_figure_of_its_model(tmp_path):
+    """A site row named for its rack, its model an H100: listed (`gpuwatch thresholds`),
+    it has the H100's V_system of the shipped headroom (2.3 GiB), as a GPU it matches has."""
+    table = override(tmp_path, '[[rows]]\nid = "rack-7"\nmodel = "NVIDIA H100 80GB HBM3"\n'
+                               'match = ["H100 80GB"]\nmemory_total_mib = 81920\n'
+                               'warning_above_mib = 70000\ncritical_above_mib = 76000\n')
+    [listed] = [r for r in table.rows() if r.id == "rack-7"]
+    live = table.match("NVIDIA H100 80GB HBM3", 81920 * MIB)
+    assert listed.system_bytes == live.system_bytes == int(2.3 * GIB)
+    assert listed.budget_bytes == live.budget_bytes

@@ -295,3 +295,74 @@ def test_max_version_refuses_a_newer_handshake(pki):
         assert handshake(port, client_context(pki, ssl.TLSVersion.TLSv1_2)) == "TLSv1.2"
         with pytest.raises(ssl.SSLError):
             handshake(port, client_context(pki, ssl.TLSVersion.TLSv1_3))
+
+
+# -- refusals: the budget of failed logins, and what is counted ------------------------------
+
+def test_past_its_failed_login_budget_a_client_keeps_a_credential_found_right(pki):
+    """An address whose failed logins pass the budget is refused at once (429, no bcrypt),
+    but a scraper behind it whose password was found right before still gets in; another
+    user's right password, never checked, is refused unchecked like any. Every refusal is
+    counted once, under its reason and its client (the daemon exports and logs these). The
+    budget refills slowly here, so that a slow machine does not pay it back mid-test."""
+    other_hash = bcrypt.hashpw(b"grafana-pass", bcrypt.gensalt(rounds=4)).decode()
+    wc = webconfig.load(write(pki, {"tls_server_config": tls(), "basic_auth_users": {
+        USER: pki["hash"], "grafana": other_hash}}))
+    guard = Guard(wc, failures_per_minute=0.01)
+    ctx = client_context(pki)
+    good = {"Authorization": basic(USER, PASSWORD)}
+    burst = 10  # docs/security.md: 10 failed logins at once, then the configured rate
+    with serving(guard) as port:
+        assert request(port, ctx, "/metrics", headers=good)[0] == 200
+        statuses = [request(port, ctx, "/metrics",
+                            headers={"Authorization": basic(USER, f"wrong-{i}")})[0]
+                    for i in range(burst + 1)]
+        assert statuses == [401] * burst + [429]
+        assert request(port, ctx, "/metrics", headers=good)[0] == 200
+        assert request(port, ctx, "/metrics",
+                       headers={"Authorization": basic("grafana", "grafana-pass")})[0] == 429
+    assert guard.refused == {"unauthorized": burst, "rate_limited": 2, "busy": 0}
+    assert guard.take_refusals() == {"127.0.0.1": burst + 2}
+    assert guard.take_refusals() == {}
+
+
+def test_refusals_are_told_apart_for_at_most_1000_clients(pki):
+    """The refusals' log line names its top clients: at most 1000 are kept between two
+    lines, and one already kept is still counted past that. Requests without credentials
+    from 1001 addresses go to the Guard's middleware as the server hands them over."""
+    wc = webconfig.load(write(pki, {"tls_server_config": tls(),
+                                    "basic_auth_users": {USER: pki["hash"]}}))
+    guard = Guard(wc)
+
+    async def handler(request):
+        return server.Response("handled\n")
+
+    async def refuse(remote: str) -> int:
+        req = server.Request("GET", "/metrics", server.Headers(), remote, None)
+        return (await guard.middleware(req, handler)).status
+
+    async def go():
+        clients = [f"10.0.{i // 256}.{i % 256}" for i in range(1001)]
+        assert {await refuse(c) for c in clients} == {401}
+        assert await refuse(clients[0]) == 401
+        return clients
+    clients = asyncio.run(go())
+    counted = guard.take_refusals()
+    assert len(counted) == 1000 and clients[-1] not in counted
+    assert counted[clients[0]] == 2 and guard.refused["unauthorized"] == 1002
+
+
+@pytest.mark.parametrize("crt, key, words", [
+    ("garbage", "garbage", "PEM lib"),
+    ("server", "other", "KEY_VALUES_MISMATCH"),
+])
+def test_a_certificate_that_cannot_be_loaded_is_named_with_openssls_reason(
+        pki, tmp_path, crt, key, words):
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    names = {"server": "server.crt", "garbage": str(garbage),
+             "other": str(CA(tmp_path, "other-ca").issue("other", server=True)[1])}
+    path = write(pki, {"tls_server_config": {"cert_file": names[crt], "key_file": names[key]}})
+    with pytest.raises(WebConfigError, match="cannot load the certificate and key") as exc:
+        webconfig.load(path)
+    assert words in str(exc.value) and "None" not in str(exc.value), exc.value
