@@ -227,6 +227,10 @@ class Background:
                                    daemon=True)
         self._t.start()
 
+    @property
+    def running(self) -> bool:
+        return self._t.is_alive()
+
     def join(self, timeout: float = MAX_SECONDS + 10) -> list[int]:
         self._t.join(timeout)
         return self.result
