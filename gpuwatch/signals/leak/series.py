@@ -12,6 +12,7 @@ from gpuwatch.signals.leak.floor import RetainedFloor
 from gpuwatch.signals.leak.lifecycle import LOADING, STEADY, Lifecycle
 from gpuwatch.signals.leak.robust import RollingMin
 from gpuwatch.signals.leak.scales import Evidence, Scales
+from gpuwatch.signals.leak.troughs import Troughs
 from gpuwatch.signals.leak.verdict import Verdict
 
 
@@ -91,6 +92,8 @@ class LeakSeries:
         c = self.p.cfg
         self.floor = retained_floor(c)
         self.scales = scales_of(c, self.floor)
+        self.troughs = Troughs(self.floor, noise_factor=c.noise_factor,
+                               min_rise=c.min_rise_bytes)
         self.fast = FastWindow(c.critical_window_seconds)
         self._env = RollingMin(c.critical_window_seconds / 2)
         self._env_hist: deque[tuple[float, float]] = deque()
@@ -215,6 +218,7 @@ class LeakSeries:
         self.evidence = ev = self.scales.update(
             p.warn_on, since, judge=not loading,
             min_history=self.floor.max_blocks if self._seen_old else 0)
+        whole = None
         if loading:  # growth that never paused: judged as a whole, once it may be no load
             whole = self.scales.loading(p.warn_on, c.loading_min_rise_bytes,
                                         c.loading_min_scale_seconds, c.loading_part_ratio,
@@ -222,13 +226,21 @@ class LeakSeries:
                                         round((t - life.t_start) / c.block_seconds))
             if whole is not None:
                 ev = [*ev, whole]
-        self.rising = any(e.rising for e in ev)
         judging = life.judging(t)
+        # under a sawtooth, the troughs rising period after period (troughs.py); only
+        # where growth is judged, from the end of the load (not while it is unknown), and
+        # not before a series first seen running has shown its return period
+        trough = self.troughs.update(p.warn_on, self.floor.origin)
+        if trough is not None and judging and (not loading or self.floor.origin is not None) \
+                and len(self.floor) > (self.floor.max_blocks if self._seen_old else 0):
+            ev = [*ev, trough]
+        self.rising = any(e.rising for e in ev)
         best: Evidence | None = None
         spent = self.verdict.ended_at
         for e in ev:
             # the growth judged as a whole has one key: its span grows with every block
-            key = math.inf if loading and e is ev[-1] and e not in self.evidence else e.scale
+            # (and the troughs: their span too)
+            key = math.inf if e is whole else -1.0 if e is trough else e.scale
             held = self._since.get(key)
             if not (e.shaped and judging and t - e.scale >= spent):
                 # one block's break does not restart it (where a leak's steps fall against
@@ -245,7 +257,10 @@ class LeakSeries:
             # climbs like a leak until it comes back down, a leak goes on
             confirm = (max(c.confirm_share * c.loading_min_scale_seconds,
                            min(c.loading_confirm_bytes / max(e.rate, 1.0), c.confirm_seconds))
-                       if key == math.inf else confirm_time(c, e.scale))
+                       if key == math.inf
+                       # the troughs: while the newest trough still stands a few blocks on
+                       else self.troughs.confirm_s if key == -1.0
+                       else confirm_time(c, e.scale))
             confirmed = t - since_t >= confirm
             if confirmed and (best is None or e.rate > best.rate):
                 best = e
