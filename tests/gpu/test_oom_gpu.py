@@ -403,7 +403,7 @@ def test_huge_request_and_per_process_cap_each_leave_one_record(scenario):
         abs(r_limit["allowed_bytes"] - 0.02 * r_limit["device_total_bytes"]) < MIB)
     py312 = sys.version_info >= (3, 12)
     assert full["oom"]["outcome"] == ("caught" if py312 else "unknown")
-    assert full["severity"] == "critical" and not full["oom"]["exited"]
+    assert full["severity"] == "critical" and not full["oom"].get("exited")
     # allocation history was on for the first: its pickle is beside it, for memory_viz
     import pickle
 
