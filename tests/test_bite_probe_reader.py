@@ -343,6 +343,8 @@ def test_an_unchanged_directory_without_records_is_not_looked_into_again(base, s
     real = probe_source._read_named
     monkeypatch.setattr(probe_source, "_read_named",
                         lambda *a, **k: looks.append(a[2]) or real(*a, **k))
+    # the directory changed just now: taken as settled here (the test below holds the guard)
+    monkeypatch.setattr(probe_source, "RACY_NS", 0)
     reader = ProbeReader(str(base), user_fs)
     for _ in range(3):
         got, problems = reader.read(now(), [alice.pid], stale_after=30)
@@ -353,6 +355,24 @@ def test_an_unchanged_directory_without_records_is_not_looked_into_again(base, s
     got, _ = reader.read(now(), [alice.pid], stale_after=30)
     assert [s.pid for s in got] == [alice.pid] and looks == [ALICE, ALICE]
     assert [s.pid for s in reader.read(now(), [alice.pid], stale_after=30)[0]] == [alice.pid]
+
+
+def test_a_directory_changed_a_moment_ago_is_looked_into_again(base, sleepers, monkeypatch):
+    """The kernel stamps change times with a coarse clock: a rename in the same tick as the
+    probe's temporary file leaves the change time as it was. A directory that changed within
+    RACY_NS of a read is never taken for unchanged, or a record renamed in right after (a
+    process's last, as it dies of its OOM) would not be read until the next change."""
+    alice = sleepers(ALICE, base, OWN)
+    os.rename(alice.record, base / f"aside-{alice.pid}.json")
+    looks = []
+    real = probe_source._read_named
+    monkeypatch.setattr(probe_source, "_read_named",
+                        lambda *a, **k: looks.append(a[2]) or real(*a, **k))
+    monkeypatch.setattr(probe_source, "RACY_NS", 3_600 * 1_000_000_000)
+    reader = ProbeReader(str(base), None)
+    for _ in range(3):
+        assert reader.read(now(), [alice.pid], stale_after=30)[0] == []
+    assert looks == [ALICE] * 3
 
 
 @pytest.mark.parametrize("mode", [0o077, 0o670, 0o604, 0o710, 0o755])

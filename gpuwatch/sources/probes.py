@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Callable, Iterable
 
 import msgspec
@@ -43,6 +44,8 @@ MAX_ENTRIES_PER_USER = 4096
 MAX_RECORDS_PER_USER = 1024
 MAX_BYTES_PER_USER = 32 * protocol.MAX_RECORD_BYTES
 MAX_USERS = 4096
+# a directory changed this recently is not taken for unchanged (see ProbeReader.read)
+RACY_NS = 1_000_000_000
 
 
 def prepare_probe_dir(probe_dir: str) -> None:
@@ -138,9 +141,13 @@ class ProbeReader:
         samples = read_records_of(self.probe_dir, now, todo, stale_after=stale_after,
                                   problems=problems) if todo else []
         found = {s.pid for s in samples}
+        # A change time this recent may hide a rename still to come within the same tick of
+        # the kernel's coarse clock (a probe creates its temporary file, then renames it in):
+        # such a directory is looked into again.
+        settled = time.time_ns() - RACY_NS
         self._empty = {uid: (seen[uid], frozenset(pids)) for uid, pids in by_uid.items()
                        if seen[uid] is not None and len(problems) == known
-                       and not found.intersection(pids)}
+                       and not found.intersection(pids) and seen[uid][3] < settled}
         return samples, problems
 
     def _looks(self, uid: int) -> tuple | None:
