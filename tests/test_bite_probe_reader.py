@@ -108,15 +108,20 @@ def test_root_makes_no_user_directory_in_a_probe_directory_others_may_write(shar
     assert os.listdir(base) == []
 
 
-def test_root_makes_no_user_directory_in_a_probe_directory_another_user_owns(
-        shared_tmp, sleepers):
-    """alice made the configured probe directory herself (0755, hers): a root daemon must
-    not make mallory's directory in it, where alice could rename or replace it."""
+def _probe_dir_alice_made(shared_tmp):
+    """The configured probe directory, made by alice (0755, hers) in a sticky shared dir."""
     users = shared_tmp / "users"
     users.mkdir()
     users.chmod(0o1777)
     run_as(ALICE, "os.mkdir(args[0], 0o755)", users / "probe")
-    base = users / "probe"
+    return users / "probe"
+
+
+def test_root_makes_no_user_directory_in_a_probe_directory_another_user_owns(
+        shared_tmp, sleepers):
+    """alice made the configured probe directory herself (0755, hers): a root daemon must
+    not make mallory's directory in it, where alice could rename or replace it."""
+    base = _probe_dir_alice_made(shared_tmp)
     mallory = sleepers(MALLORY, base)
     got, problems = ProbeReader(str(base)).read(now(), [mallory.pid], stale_after=30)
     assert got == [] and any("not making user directories" in p for p in problems), problems
@@ -389,11 +394,7 @@ def test_any_group_or_other_bit_on_a_users_own_directory_is_closed(base, mode):
 def test_how_users_are_kept_apart_leads_the_readers_problems(shared_tmp, sleepers):
     """The daemon reports the first three problems as the probes source's reason: the
     filesystem's phrase comes first, before the directories it could not make."""
-    users = shared_tmp / "users"
-    users.mkdir()
-    users.chmod(0o1777)
-    run_as(ALICE, "os.mkdir(args[0], 0o755)", users / "probe")
-    base = users / "probe"
+    base = _probe_dir_alice_made(shared_tmp)
     mallory = sleepers(MALLORY, base)
     phrase = "users share one probe filesystem, one can fill it for all: test"
     user_fs = SimpleNamespace(status=lambda: phrase, make=lambda path, uid: None)
