@@ -54,7 +54,7 @@ def _cover(*modules: str) -> tuple[list[str], list[str]]:
 # target -> (modules, tests that cover them)
 TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "signals": (
-        ["gpuwatch/signals/leak.py", *sorted(
+        [*sorted(
             str(p.relative_to(REPO)) for p in (REPO / "gpuwatch/signals/leak").glob("*.py")),
          "gpuwatch/signals/projection.py",
          "gpuwatch/signals/zone.py", "gpuwatch/signals/oom.py",
@@ -63,7 +63,11 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/test_bite_signals.py", "tests/test_bite_signal_guards.py",
          "tests/test_bite_zone_frag.py",
          "tests/test_bite_leak_fast.py", "tests/test_zone.py",
-         "tests/test_oom.py", "tests/test_fragmentation.py", "tests/test_leak.py"]),
+         "tests/test_oom.py", "tests/test_fragmentation.py", "tests/test_leak.py",
+         "tests/test_leak_rates.py", "tests/test_leak_troughs.py",
+         "tests/test_leak_found_loaded.py", "tests/test_leak_loading_pace.py",
+         "tests/test_leak_projection.py", "tests/test_leak_replayed_alarms.py",
+         "tests/test_leak_traces.py"]),
     "engine windows": (
         ["gpuwatch/engines/windows.py", "gpuwatch/signals/windows.py"],
         ["tests/test_bite_windows.py", "tests/test_bite_engine_signals.py",
