@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpuwatch.config import load
 from gpuwatch.model import GpuSample, ProcessSample, Tick
 from gpuwatch.signals.conditions import Conditions
@@ -146,3 +148,13 @@ def test_derived_row_is_named_in_the_event():
     events, derived = zone_run([g] * 3)
     assert events[0].severity == "critical" and "derived row derived" in events[0].message
     assert derived.gpus["GPU-h"].threshold_calibrated is False
+
+
+@pytest.mark.parametrize("enter", [1, 2, 3])
+def test_a_fresh_zone_enters_after_exactly_its_entry_samples(enter):
+    """The debounce counts from the first sample above the zone: `enter` samples above the
+    critical line enter it from a fresh state, one fewer does not."""
+    z = ZoneState()
+    levels = [z.update(100.0, warning=50.0, critical=80.0, band=5.0, enter_samples=enter)
+              for _ in range(enter)]
+    assert levels[:-1] == [0] * (enter - 1) and levels[-1] == 2
