@@ -41,6 +41,10 @@ class LeakParams:
         return self.critical * (1 - self.cfg.tolerance)
 
 
+# keys of the evidence whose span grows with every block, beside the scales' own (seconds)
+_WHOLE, _TROUGHS = math.inf, -1.0
+
+
 def confirm_time(cfg: LeakConfig, scale: float) -> float:
     """How long a scale's leak shape must hold before it fires."""
     share = cfg.long_confirm_share if scale >= cfg.long_confirm_from_seconds else cfg.confirm_share
@@ -215,9 +219,9 @@ class LeakSeries:
                  else max(0, round((t - life.t_paused) / c.block_seconds)))
         # a series first seen already running is watched for a longest floor window before
         # it is judged on its trend: its return period is not known before
-        self.evidence = ev = self.scales.update(
-            p.warn_on, since, judge=not loading,
-            min_history=self.floor.max_blocks if self._seen_old else 0)
+        min_history = self.floor.max_blocks if self._seen_old else 0
+        self.evidence = ev = self.scales.update(p.warn_on, since, judge=not loading,
+                                                min_history=min_history)
         whole = None
         if loading:  # growth that never paused: judged as a whole, once it may be no load
             whole = self.scales.loading(p.warn_on, c.loading_min_rise_bytes,
@@ -232,7 +236,7 @@ class LeakSeries:
         # not before a series first seen running has shown its return period
         trough = self.troughs.update(p.warn_on, self.floor.origin)
         if trough is not None and judging and (not loading or self.floor.origin is not None) \
-                and len(self.floor) > (self.floor.max_blocks if self._seen_old else 0):
+                and len(self.floor) > min_history:
             ev = [*ev, trough]
         self.rising = any(e.rising for e in ev)
         best: Evidence | None = None
@@ -240,7 +244,7 @@ class LeakSeries:
         for e in ev:
             # the growth judged as a whole has one key: its span grows with every block
             # (and the troughs: their span too)
-            key = math.inf if e is whole else -1.0 if e is trough else e.scale
+            key = _WHOLE if e is whole else _TROUGHS if e is trough else e.scale
             held = self._since.get(key)
             if not (e.shaped and judging and t - e.scale >= spent):
                 # one block's break does not restart it (where a leak's steps fall against
@@ -257,9 +261,9 @@ class LeakSeries:
             # climbs like a leak until it comes back down, a leak goes on
             confirm = (max(c.confirm_share * c.loading_min_scale_seconds,
                            min(c.loading_confirm_bytes / max(e.rate, 1.0), c.confirm_seconds))
-                       if key == math.inf
+                       if key == _WHOLE
                        # the troughs: while the newest trough still stands a few blocks on
-                       else self.troughs.confirm_s if key == -1.0
+                       else self.troughs.confirm_s if key == _TROUGHS
                        else confirm_time(c, e.scale))
             confirmed = t - since_t >= confirm
             if confirmed and (best is None or e.rate > best.rate):
