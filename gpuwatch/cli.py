@@ -166,7 +166,9 @@ def run(config_file, listen, simulate, seed, host_name, record, dry_run, engine_
     if probe is not None and probe.status == "warn":
         logging.getLogger("gpuwatch").warning("probe directory: %s", probe.detail)
     from gpuwatch.daemon import Daemon
+    from gpuwatch.lifecycle import fewer_malloc_arenas
 
+    fewer_malloc_arenas()
     daemon = Daemon(cfg, config_path=config_file, overrides=overrides, web=web)
     sys.exit(asyncio.run(daemon.run()))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ class RecordingError(ValueError):
 
 def _open(path: str, mode: str) -> IO[bytes]:
     if path.endswith(".gz"):
+        import gzip  # only for compressed recordings
+
         return gzip.open(path, mode + "b")
     return open(path, mode + "b")
 

@@ -7,7 +7,6 @@ Kubernetes API credentials, the exec hook's program); a problem is one line, exi
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 
@@ -52,10 +51,16 @@ def validate_files(cfg: Config):
         _readable_file("attribution.kubernetes_api.token_file", k8s.token_file)
         _readable_file("attribution.kubernetes_api.ca_file", k8s.ca_file)
     hook = cfg.remediation.exec
-    if hook.enabled and hook.argv and shutil.which(hook.argv[0]) is None:
+    if hook.enabled and hook.argv and _which(hook.argv[0]) is None:
         raise SetupError(f"remediation.exec.argv[0]: {hook.argv[0]!r} is not an executable "
                          "file (give its absolute path)")
     return web
+
+
+def _which(name: str) -> str | None:
+    import shutil  # only with an exec hook: shutil brings bz2 and lzma into the daemon
+
+    return shutil.which(name)
 
 
 @dataclass(frozen=True)

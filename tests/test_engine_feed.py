@@ -9,8 +9,7 @@ from pathlib import Path
 from gpuwatch.config import load
 from gpuwatch.engine_feed import EngineFeed
 from gpuwatch.model import EngineSample, GpuSample, ProcessSample, Tick
-from gpuwatch.signals.engine import EngineAnalyzer
-from gpuwatch.signals.pipeline import Pipeline
+from gpuwatch.signals.pipeline import Engines, Pipeline
 from gpuwatch.thresholds import load_table
 
 VLLM = (Path(__file__).parent / "fixtures" / "engines" / "vllm-0.33.0-statlogger.prom").read_text()
@@ -44,7 +43,7 @@ def test_an_engine_only_tick_says_nothing_about_the_gpus():
                     processes=[ProcessSample(pid=7, used_memory_bytes=9 << 30)])
     pipeline.update(Tick(t=0.0, gpus=[gpu]))
     calls = []
-    host = [a for a in pipeline.analyzers if not isinstance(a, EngineAnalyzer)]
+    host = [a for a in pipeline.analyzers if not isinstance(a, Engines)]
     assert len(host) >= 2  # memory, fragmentation, OOMs...
     for a in host:
         a.update = (lambda f: lambda *args: calls.append(f) or f(*args))(a.update)

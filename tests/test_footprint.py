@@ -32,6 +32,14 @@ NOT_IN_A_DEFAULT_RUN = {
     "email": "the same",
     "bcrypt": "basic auth",
     "rich": "`gpuwatch status`",
+    "gpuwatch.exposition": "the engines' exposition parsers, only once an engine is sampled",
+    "gpuwatch.signals.engine": "the engines' signals, the same",
+    "importlib.resources": "the shipped files are read beside their modules",
+    "zipfile": "the same",
+    "statistics": "the leak detector's own median",
+    "gzip": "only a .gz recording",
+    "secrets": "tokens are os.urandom's",
+    "encodings.idna": "the listen address is resolved as ASCII bytes",
 }
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import statistics
 import time
 
 from gpuwatch.exporter import families
@@ -24,6 +23,7 @@ from gpuwatch.exporter.metric import GaugeMetricFamily
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.text import exposition
 from gpuwatch.ratelog import RateLimitedLog
+from gpuwatch.signals.leak.robust import median
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class Renderer:
         if len(self._scrapes) < 2 or self._ahead:
             return False
         gaps = [b - a for a, b in zip(self._scrapes, list(self._scrapes)[1:], strict=False)]
-        period = statistics.median(gaps)
+        period = median(gaps)
         since = self._clock() - self._scrapes[-1]
         if since > max(IDLE_PERIODS * period, IDLE_SECONDS):
             return False

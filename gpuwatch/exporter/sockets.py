@@ -31,7 +31,10 @@ def smaller_tls_buffers() -> None:
 def bind(host: str | None, port: int) -> list[socket.socket]:
     """Listening sockets for every address of host (None: every interface), as asyncio's
     create_server makes them: SO_REUSEADDR, IPv6 sockets IPv6-only. Raises OSError."""
-    infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
+    # An ASCII name as bytes: a str goes through the idna codec, which imports
+    # unicodedata and stringprep into the daemon for good.
+    name = host.encode("ascii") if host is not None and host.isascii() else host
+    infos = socket.getaddrinfo(name, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
                                flags=socket.AI_PASSIVE)
     socks: list[socket.socket] = []
     try:

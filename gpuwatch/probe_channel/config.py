@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from typing import Annotated
 
 import msgspec
@@ -116,4 +115,6 @@ def resolve_dir(configured: str = "") -> str:
         return configured
     if os.geteuid() == 0 or os.path.isdir(SYSTEM_DIR):
         return SYSTEM_DIR
+    import tempfile  # only an unprivileged run has a per-user directory
+
     return os.path.join(tempfile.gettempdir(), f"gpuwatch-{os.geteuid()}", "probe")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import stat
 from collections.abc import Callable
 from typing import BinaryIO
@@ -80,8 +79,14 @@ def snapshot_name(pid: int, request_id: str) -> str:
     return f"gpuwatch-probe-{pid}-{request_id}.pickle"
 
 
+def token_hex(nbytes: int) -> str:
+    """What secrets.token_hex returns (os.urandom, hex), without the modules secrets
+    imports into the daemon (random, base64, hmac)."""
+    return os.urandom(nbytes).hex()
+
+
 def new_request_id() -> str:
-    return secrets.token_hex(8)
+    return token_hex(8)
 
 
 def open_dir(path: str, dir_fd: int | None = None) -> int:
@@ -95,7 +100,7 @@ def write_atomic(dir_fd: int, name: str, data: bytes | Callable[[BinaryIO], obje
     """Write name in the directory: a fresh temporary file, fsync, then rename over name,
     so readers see the old or the new content, never a part. data: bytes, or a function
     that writes into the open file (large pickles are streamed)."""
-    tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+    tmp = f".{name}.{token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  mode, dir_fd=dir_fd)
     try:

@@ -12,7 +12,6 @@ from gpuwatch.model import ATTRIBUTION_FIELDS, ProcessSample, Tick
 from gpuwatch.signals.budget import Budget, BudgetConfig, Selection
 from gpuwatch.signals.conditions import Conditions
 from gpuwatch.signals.derived import Derived
-from gpuwatch.signals.engine import EngineAnalyzer
 from gpuwatch.signals.engine_memory import EngineMemoryAnalyzer
 from gpuwatch.signals.fragmentation import FragmentationAnalyzer
 from gpuwatch.signals.memory import MemoryAnalyzer
@@ -29,10 +28,29 @@ class Analyzer(Protocol):
     def update(self, tick: Tick, derived: Derived, conditions: Conditions) -> list[Event]: ...
 
 
+class Engines:
+    """The engine analyzer, built at the first tick that carries an engine. Until then it
+    has nothing to judge, and a host with no engine (the default) never imports the
+    engines' exposition parsers and serving signals (over a MiB of the daemon's memory)."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.analyzer = None
+
+    def update(self, tick: Tick, derived: Derived, conditions: Conditions) -> list[Event]:
+        if self.analyzer is None:
+            if not tick.engines:
+                return []
+            from gpuwatch.signals.engine import EngineAnalyzer
+
+            self.analyzer = EngineAnalyzer(self.config)
+        return self.analyzer.update(tick, derived, conditions)
+
+
 def build_analyzers(config, table) -> list[Analyzer]:
     """Every analyzer, in the order they run (later ones may read what earlier ones set)."""
     return [
-        EngineAnalyzer(config),  # first: later analyzers read derived.engines
+        Engines(config),  # first: later analyzers read derived.engines
         # memory (zone, leak, time to OOM) reads the engines' planned pools
         MemoryAnalyzer(config, table),
         FragmentationAnalyzer.from_config(config, table),  # probes (spec §4)
@@ -66,7 +84,7 @@ class Pipeline:
         self._prune(tick)
         events: list[Event] = []
         for analyzer in self.analyzers:
-            if tick.engines_only and not isinstance(analyzer, EngineAnalyzer):
+            if tick.engines_only and not isinstance(analyzer, Engines):
                 continue  # it samples the host: this tick has nothing of it
             try:
                 events += analyzer.update(tick, self.derived, self.conditions)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import secrets
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -99,7 +98,7 @@ def ensure_user_dir(probe_dir: str, uid: int,
 
 
 def _set_aside(base_fd: int, name: str) -> None:
-    aside = f".squatted-{name}-{secrets.token_hex(4)}"
+    aside = f".squatted-{name}-{protocol.token_hex(4)}"
     os.rename(name, aside, src_dir_fd=base_fd, dst_dir_fd=base_fd)
     log.warning("probe directory: %s was not its user's; moved to %s", name, aside)
 

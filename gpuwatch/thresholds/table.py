@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -270,9 +269,14 @@ def _actions(specs: list[ActionSpec] | None, default: list[ActionSpec]) -> tuple
 # -- loading ------------------------------------------------------------------------------
 
 
+# The shipped tables are files beside this module (importlib.resources and the zipfile it
+# brings would cost the daemon ~2 MiB of modules for the same read).
+_SHIPPED = Path(__file__).parent
+
+
 def available_versions() -> list[str]:
-    files = resources.files("gpuwatch.thresholds")
-    names = [p.name for p in files.iterdir() if p.name.startswith("v") and p.name.endswith(".toml")]
+    names = [p.name for p in _SHIPPED.iterdir()
+             if p.name.startswith("v") and p.name.endswith(".toml")]
     return sorted(n[1:-5] for n in names)
 
 
@@ -281,7 +285,7 @@ def _builtin_raw(version: str) -> dict[str, Any]:
         raise ThresholdsError(
             f"no shipped threshold table {version!r} (shipped: {', '.join(available_versions())})"
         )
-    text = resources.files("gpuwatch.thresholds").joinpath(f"v{version}.toml").read_text()
+    text = (_SHIPPED / f"v{version}.toml").read_text()
     return tomllib.loads(text)
 
 

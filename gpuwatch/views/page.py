@@ -4,14 +4,15 @@ renders /api/state in the browser, so serving it costs the daemon only a copy of
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
+from pathlib import Path
 
 from gpuwatch.exporter import server
 
 
 @cache
 def page_bytes() -> bytes:
-    return resources.files("gpuwatch.views").joinpath("status.html").read_bytes()
+    # a file beside the module: importlib.resources would cost the daemon ~2 MiB of modules
+    return (Path(__file__).parent / "status.html").read_bytes()
 
 
 async def status_page(request: server.Request) -> server.Response:

@@ -22,7 +22,6 @@ from gpuwatch.exporter.metric import (
     Metric,
 )
 from gpuwatch.exporter.snapshot import Snapshot
-from gpuwatch.exposition.layout import LE_LABELS
 
 # SLI -> gpuwatch family base, what it measures.
 LATENCIES = {
@@ -84,7 +83,14 @@ def _histogram(fam: HistogramMetricFamily, lv: list[str], s, sli: str) -> None:
     if count is None or total is None:
         return
     buckets = s.sli_buckets.get(sli)
-    pairs = list(zip(LE_LABELS, buckets, strict=True)) if buckets else [("+Inf", count)]
+    if buckets:
+        # here only with an engine's histograms: a host without engines never loads the
+        # exposition parsers
+        from gpuwatch.exposition.layout import LE_LABELS
+
+        pairs = list(zip(LE_LABELS, buckets, strict=True))
+    else:
+        pairs = [("+Inf", count)]
     fam.add_metric(lv, pairs, total)
 
 

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from collections import deque
-from statistics import median
+
+
+def median(values):
+    """statistics.median, without the decimal, fractions and random modules it imports
+    into the daemon. Raises ValueError on no values."""
+    data = sorted(values)
+    n = len(data)
+    if not n:
+        raise ValueError("median of no values")
+    mid = n // 2
+    return data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
 
 
 def theil_sen(points) -> float | None:
