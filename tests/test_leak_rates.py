@@ -103,3 +103,15 @@ def test_a_leak_under_a_short_sawtooth_from_the_start_is_no_series_of_loads():
                                noises=["sawtooth"]), "sawtooth/onset 30s/6.32 MiB/s")
     r = lr.score(case, lr.run(case))
     assert r["met"], r
+
+
+@pytest.mark.parametrize(("seed", "name"), [(0, "gpu_only/onset 120s/0.399 MiB/s"),
+                                            (0, "gpu_only/onset 600s/0.399 MiB/s")])
+def test_a_gpu_only_leak_after_a_member_loaded_is_not_lagged_by_the_load(seed, name):
+    # GPU-only accounting: the leaking process joins a sum of neighbours and loads; the
+    # floor kept its origin at the neighbours' load, so a return reaching back into the new
+    # load (765 s) set a 15-min floor window for an hour and the leak waited for it (26 min)
+    case = _case(lr.leak_cases(seed, rates=[r for r in lr.RATES if 0.3 < r < 0.5],
+                               onsets=[120.0, 600.0], noises=["gpu_only"]), name)
+    r = lr.score(case, lr.run(case))
+    assert r["met"], r

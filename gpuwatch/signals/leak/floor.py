@@ -70,6 +70,8 @@ class RetainedFloor(BlockPoints):
         # the first block the floor window may reach back to: not into the load (a window
         # longer than the time since the load would show the load leaving it as a rise)
         self.origin: int | None = None
+        self.returns_from: int | None = None  # no return reaches back before this block
+        self._bound_returns = False
 
     # -- feeding -----------------------------------------------------------------------------
 
@@ -140,7 +142,10 @@ class RetainedFloor(BlockPoints):
             # level not above this one beyond the floor's own jitter (a sawtooth's last
             # trough, not a level partway up its ramp, which a drop's tol also reaches)
             back = next((kk for kk, vv in reversed(st) if vv <= m + self.tol), st[-1][0])
-            self._returns.push(t_end, (k - back) * self.block_s)
+            # a level left before the block a member's load ended in (in a sum) is that
+            # load: no level the series comes back to
+            if self.returns_from is None or back >= self.returns_from:
+                self._returns.push(t_end, (k - back) * self.block_s)
         while st and st[-1][1] >= m:
             st.pop()
         st.append((k, m))
@@ -177,6 +182,13 @@ class RetainedFloor(BlockPoints):
         """From the block after t on, the floor window does not reach back before it."""
         if self.origin is None:
             self.origin = math.floor(t / self.block_s) + 1
+            if self._bound_returns:
+                self.returns_from = self.origin - 1
+
+    def member_loading(self) -> None:
+        """A member joined the sum and loads: the origin moves to the end of its load, and
+        no return reaches back into it (its steps are no level the sum comes back to)."""
+        self.origin, self._bound_returns = None, True
 
     # -- reading -----------------------------------------------------------------------------
 

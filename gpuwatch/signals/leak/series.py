@@ -127,6 +127,7 @@ class LeakSeries:
         if appeared:
             self.life = Lifecycle(c.lifecycle, t)
             self.early = FastWindow(c.early_window_seconds)
+            self.floor.member_loading()
 
     # -- what the analyzer reads ---------------------------------------------------------------
 
