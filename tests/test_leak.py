@@ -528,6 +528,26 @@ def test_a_new_source_keeps_the_verdict_and_the_phase():
     assert s.level == 2 and life is s.life
 
 
+@pytest.mark.parametrize(("last", "value", "scale"), [
+    (0.0, 52.5 * MIB, 120.0),  # the 2-min scale alone
+    (500 * MIB, 52.5 * MIB, 120.0),  # and the fast path at 46.7 MiB/s
+    (900 * MIB, 60 * MIB, None),  # and the fast path at 60 MiB/s
+])
+def test_a_critical_scale_and_fast_path_at_once_report_the_larger_rate(last, value, scale):
+    # a leak kept each block in uneven steps (1700 and 100 MiB in turn: the fast path's
+    # parts do not all climb), then 450, 450 and `last`: the fast path's window holds
+    # three climbing steps only as the 2-min scale confirms (52.5 MiB/s), in that tick
+    onset = 1500.0
+    steps = [1700 * MIB, 100 * MIB] * 3 + [450 * MIB, 450 * MIB, last]
+
+    def fn(el):
+        return 20 * GIB + (sum(steps[:int((el - onset) // 15) + 1]) if el >= onset else 0)
+
+    s = series()
+    assert feed(s, fn, onset + 15 * len(steps) + 60, dt=1.0) == [(onset + 120, 2)]
+    assert s.value == pytest.approx(value) and s.verdict.scale == scale
+
+
 def _young(el, onset, rate=64 * MIB, burst_load=True):
     """A process that starts at T0: loads 8 GiB in 6 bursts over 24 s, warms up with a
     peak, serves with churn returned to the driver every 4 s, and leaks from `onset`."""

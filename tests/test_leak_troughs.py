@@ -230,6 +230,24 @@ def test_a_series_moved_by_a_departed_member_keeps_its_troughs():
     assert [tr._value(k) for k in tr.ks] == [v - GIB for v in before]
 
 
+def test_a_fall_between_troughs_holds_the_evidence_back_while_both_are_kept():
+    # 400 MiB given back at 1800 s: the fall from the trough at 1620 s is the troughs'
+    # noise for as long as that trough is in the history kept (its last block included),
+    # and the leak from 3000 s is evidence only once it left
+    drop, onset, rate = 1800.0, 3000.0, 1.5 * MIB
+
+    def fn(el):
+        return saw(el) + (400 * MIB if el < drop else 0.0) + rate * max(0.0, el - onset)
+
+    out, _, floor = troughs_of(fn, 6000)
+    el, e = first_found(out)
+    assert e is not None and 0.7 * rate <= e.rate <= 1.3 * rate
+    closed = el // floor.block_s * floor.block_s  # the end of the block that showed it
+    kept = floor.lows.maxlen * floor.block_s
+    assert closed - (drop - 180 + floor.block_s) >= kept
+    assert closed - (drop - 180 + floor.block_s) < kept + 2 * floor.block_s
+
+
 # -- the generated sawtooth family (benchmarks/leak_rates.py) --------------------------------
 
 # cases the scales alone found past their target, or not at all (their period in brackets)
