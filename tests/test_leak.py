@@ -634,3 +634,18 @@ def test_a_start_time_learnt_late_still_tells_a_restart_apart():
     pipeline.update(gpu_tick(T0 + 30, [(11, 5 * GIB, T0 + 29)]))
     again = pipeline.analyzers[1]._procs[("GPU-0", 11)]
     assert again is not first and again.create_time == T0 + 29
+
+
+def test_the_detectors_median_is_the_statistics_one():
+    # the daemon's own median (statistics would import decimal, fractions and random)
+    import statistics
+
+    from gpuwatch.signals.leak.robust import median
+
+    rng = random.Random(7)
+    for n in range(1, 40):
+        values = [rng.uniform(-1e9, 1e9) for _ in range(n)]
+        assert median(values) == statistics.median(values)
+    assert median([3, 1, 2, 4]) == 2.5
+    with pytest.raises(ValueError):
+        median([])
