@@ -11,13 +11,6 @@ import click
 
 from gpuwatch import __version__, exitcodes
 from gpuwatch import config as config_mod
-from gpuwatch.attribution.cli import attribution as attribution_command
-from gpuwatch.monitoring.cli import alerts as alerts_command
-from gpuwatch.monitoring.cli import dashboards as dashboards_command
-from gpuwatch.nodehealth.npd import npd as npd_command
-from gpuwatch.thresholds.cli import thresholds as thresholds_command
-from gpuwatch.views.cli import report as report_command
-from gpuwatch.views.cli import status as status_command
 
 SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "leak-start", "fill",
                   "fragmentation", "mixed", "large", "kubernetes")
@@ -53,9 +46,34 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+# Commands that live with their subsystems, imported when named: the daemon (`run`) never
+# holds the generators, the report or the clients in memory.
+LAZY_COMMANDS = {
+    "alerts": "gpuwatch.monitoring.cli:alerts",
+    "attribution": "gpuwatch.attribution.cli:attribution",
+    "dashboards": "gpuwatch.monitoring.cli:dashboards",
+    "npd": "gpuwatch.nodehealth.npd:npd",
+    "report": "gpuwatch.views.cli:report",
+    "status": "gpuwatch.views.cli:status",
+    "thresholds": "gpuwatch.thresholds.cli:thresholds",
+}
+
+
 class _Cli(click.Group):
     """Every misuse is one line on stderr naming the flag and the reason, exit status 2, and
     never a traceback (a service manager must see a clear reason, not a restart loop)."""
+
+    def list_commands(self, ctx):
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx, cmd_name):
+        target = LAZY_COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        import importlib
+
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
              **extra):
@@ -109,16 +127,6 @@ def _check_output_file(ctx, param, value):
 @click.version_option(__version__, prog_name="gpuwatch")
 def main() -> None:
     """Observability for GPU hosts that serve LLMs."""
-
-
-# Generators and table inspection live with their subsystems; importing them costs only click.
-main.add_command(dashboards_command)
-main.add_command(alerts_command)
-main.add_command(thresholds_command)
-main.add_command(attribution_command)
-main.add_command(report_command)
-main.add_command(status_command)
-main.add_command(npd_command)
 
 
 @main.command()

@@ -48,6 +48,8 @@ log = logging.getLogger("gpuwatch")
 
 RECENT_EVENTS = 200
 RELOAD_TIMEOUT_SECONDS = 5.0
+# Freed memory goes back to the kernel this often (and after the first tick).
+TRIM_HEAP_EVERY_SECONDS = 60.0
 
 
 class Daemon:
@@ -281,6 +283,7 @@ class Daemon:
         stopping = asyncio.ensure_future(self._stop.wait())
         stopping.add_done_callback(lambda _: wake())
         first = True
+        trim_at = 0.0
         try:
             while not self._stop.is_set():
                 if not jobs:
@@ -300,6 +303,9 @@ class Daemon:
                     first = False
                     for line in self.summary():
                         log.info("%s", line)
+                if time.monotonic() >= trim_at:  # after the first tick, then now and then
+                    trim_at = time.monotonic() + TRIM_HEAP_EVERY_SECONDS
+                    await asyncio.to_thread(lifecycle.trim_heap)
         finally:
             ticks.stop()
             stopping.cancel()

@@ -46,6 +46,19 @@ def fewer_malloc_arenas(arenas: int = 2) -> bool:
         return False
 
 
+def trim_heap() -> bool:
+    """Give the heap's free pages back to the kernel (glibc's malloc_trim): what startup
+    parsed, NVML's initialisation and the first renders freed stays resident otherwise,
+    since glibc returns only the top of a heap by itself. ctypes drops the GIL for the call;
+    False where the C library has none (musl)."""
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (AttributeError, OSError):
+        return False
+
+
 class StateDirBusy(Exception):
     """Another live daemon holds the state directory; the message is one line."""
 

@@ -40,6 +40,11 @@ NOT_IN_A_DEFAULT_RUN = {
     "gzip": "only a .gz recording",
     "secrets": "tokens are os.urandom's",
     "encodings.idna": "the listen address is resolved as ASCII bytes",
+    "gpuwatch.views.cli": "`gpuwatch report` and `status`: commands are imported when named",
+    "gpuwatch.monitoring": "`gpuwatch alerts` and `dashboards`, the same",
+    "gpuwatch.nodehealth.npd": "`gpuwatch npd`, the same",
+    "gpuwatch.thresholds.cli": "`gpuwatch thresholds`, the same",
+    "gpuwatch.attribution.cli": "`gpuwatch attribution`, the same",
 }
 
 

@@ -54,3 +54,31 @@ def test_an_operators_setting_wins(monkeypatch):
 
     monkeypatch.setitem(os.environ, "MALLOC_ARENA_MAX", "8")
     assert fewer_malloc_arenas() is False
+
+
+TRIM_CHILD = textwrap.dedent("""
+    import sys
+    from gpuwatch.lifecycle import trim_heap
+    def rss():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    junk = [bytearray(2048) for _ in range(20000)]  # 40 MiB of malloc, not Python's pools
+    pin = bytearray(2048)  # above the junk: glibc cannot give it back from the top
+    del junk
+    before = rss()
+    trimmed = trim_heap() if sys.argv[1] == "trim" else None
+    print(trimmed, (before - rss()) >> 20, flush=True)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+@pytest.mark.parametrize("mode", ["trim", "keep"])
+def test_trimming_gives_the_freed_heap_back(mode):
+    """What was freed below the heap's top stays resident until the daemon trims."""
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD, mode], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    if mode == "trim":
+        assert out[0] == "True" and int(out[1]) >= 30
+    else:
+        assert int(out[1]) < 5
