@@ -239,7 +239,9 @@ def test_uncollected_answers_are_swept_only_once_they_are_old(alice):
     base, probe = alice
     d = base / str(ALICE)
     young, old = (protocol.result_name(probe.pid, protocol.new_request_id()) for _ in "yo")
-    plant(base, young, {"ok": True}, owner=ALICE, age=90)
+    # young: 50 s of margin for a loaded machine to reach the sweep, and still older than
+    # one max age, which a sweep at the wrong horizon would take
+    plant(base, young, {"ok": True}, owner=ALICE, age=70)
     plant(base, old, {"ok": True}, owner=ALICE, age=150)
     start = probe.status()["publishes"]
     wait_until(lambda: probe.status()["publishes"] >= (start // 20 + 1) * 20 + 1, 60,
