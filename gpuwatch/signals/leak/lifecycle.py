@@ -15,6 +15,12 @@
   or the process is older than warmup_max_seconds. The phase is reported; only the
   critical fast path differs (signals/leak/fast.py).
 
+A sum of processes (the GPU's used memory without per-process figures) that a member joins
+once it is judged loads again, but the load is that member's alone: it is over once its steep
+part paused. The sum's floor, its window the others' return period (their sawtooths and
+transients, up to 15 min), cannot stay flat for a window while they go on, nor while a leak
+does, and the sum would be taken for loading for warmup_max_seconds.
+
 A fall of a sample below reload_drop_ratio of the retained memory after loading (or after
 its steep part: a load under a sawtooth may never pause) is a reload (the memory was given
 back): the cycle starts again. A new pid or a restart (a new create time) starts a new
@@ -31,10 +37,11 @@ LOADING, WARMUP, STEADY = "loading", "warmup", "steady"
 
 
 class Lifecycle:
-    def __init__(self, cfg: LifecycleConfig, t_start: float) -> None:
+    def __init__(self, cfg: LifecycleConfig, t_start: float, joined: bool = False) -> None:
         self.cfg = cfg
         self.t_start = t_start
         self.phase = LOADING
+        self.joined = joined  # a member joined a sum already judged: its load, not the sum's
         self.t_paused: float | None = None  # the first pause: loading is over
         # the steep part of loading is over (the critical path's test: a slower climb after
         # it, an allocator sawtooth's first ramp, does not matter at the critical slope): the
@@ -83,6 +90,10 @@ class Lifecycle:
         if self.first is None:
             self.first = r
         before = self.phase
+        if self.phase == LOADING and self.joined and self.t_loaded is not None:
+            # the member's steep part paused: the others were loaded already
+            self.phase, self.t_paused = WARMUP, t
+            self._rise_ref, self._rise_t = r, t
         if self.phase == LOADING:
             tol = cfg.pause_bytes
             ref = self._flat_ref

@@ -123,12 +123,14 @@ class Scales:
         return q[0][1] if q else 0.0
 
     def update(self, warn_on: float, since_block: int | None = None, judge: bool = True,
-               min_history: int = 0) -> list[Evidence]:
+               min_history: int = 0, within: int | None = None) -> list[Evidence]:
         """Evidence per scale at the block just closed. since_block: how many blocks back the
         growth judged may be compared with (the end of loading; None: all of it); judge:
         False measures only (rising, rates) and judges no shape; min_history: blocks a scale
         must have seen beyond its own window before it judges (a series first seen already
-        running has a return period yet unknown)."""
+        running has a return period yet unknown); within: the longest window judged, in
+        blocks (a sum whose member joined: a window that reaches back over the join holds
+        its load)."""
         f = self.floor
         if f.window != self._window:
             self._window = f.window
@@ -147,7 +149,8 @@ class Scales:
             rise = now - then
             noise = self.noise(i)
             rising = rise >= max(self.min_rise, self.noise_factor * noise)
-            judged = judge and len(f) > max(n, min_history)
+            judged = (judge and len(f) > max(n, min_history)
+                      and (within is None or n <= within))
             k = self.scale_parts[i]
             shaped = (judged and rising and rise >= warn_on * scale
                       and self._shaped(n, k, rise, since_block))

@@ -125,7 +125,7 @@ class LeakSeries:
             self.fast = FastWindow(c.critical_window_seconds)
             self.early = FastWindow(c.early_window_seconds)
         if appeared:
-            self.life = Lifecycle(c.lifecycle, t)
+            self.life = Lifecycle(c.lifecycle, t, joined=self.life.judging(t))
             self.early = FastWindow(c.early_window_seconds)
             self.floor.member_loading()
 
@@ -221,10 +221,15 @@ class LeakSeries:
         # a series first seen already running is watched for a longest floor window before
         # it is judged on its trend: its return period is not known before
         min_history = self.floor.max_blocks if self._seen_old else 0
+        # a sum whose member joined: no window reaches back over that member's load
         self.evidence = ev = self.scales.update(p.warn_on, since, judge=not loading,
-                                                min_history=min_history)
+                                                min_history=min_history,
+                                                within=since if life.joined else None)
         whole = None
-        if loading:  # growth that never paused: judged as a whole, once it may be no load
+        # growth that never paused: judged as a whole, once it may be no load; and a sum's
+        # since its member's load, as long as it would have been taken for loading (its
+        # floor lags a young leak by its window: the scales' parts cannot show it yet)
+        if loading or (life.joined and t - life.t_start < c.lifecycle.warmup_max_seconds):
             whole = self.scales.loading(p.warn_on, c.loading_min_rise_bytes,
                                         c.loading_min_scale_seconds, c.loading_part_ratio,
                                         c.loading_steady_ratio,
