@@ -46,6 +46,9 @@ class LifecycleConfig(Section, kw_only=True):
     # this) stays within settle_bytes this long: the critical path judges from then (a
     # slower climb after it does not matter at the critical slope).
     steep_pause_seconds: PositiveFloat = 20.0
+    # ... or climbs no faster than this share of the critical slope (an allocator sawtooth
+    # that starts as the load ends never stays flat, but it is no steep load).
+    steep_pause_share: Ratio = 0.25
     # A series first seen holding more than this has loaded before it was seen (a daemon
     # started on a busy host, a process found after its load): its first pause ends loading
     # without growth seen first. A CUDA context alone holds 0.3-0.8 GiB, and a process

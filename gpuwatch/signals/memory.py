@@ -379,7 +379,8 @@ class MemoryAnalyzer:
             # as its youngest process (a daemon restart finds old processes steady).
             starts = [p.create_time for p in gpu.processes]
             started = t if state is not None or not starts or None in starts else max(starts)
-            series = LeakSeries(params, min(started, t))  # type: ignore[type-var]
+            series = LeakSeries(params, min(started, t),  # type: ignore[type-var]
+                                summed=params is self.sum_params)
             if state is None:
                 state = self._gpus[gpu.uuid] = _Gpu(signature, series, t)
             else:

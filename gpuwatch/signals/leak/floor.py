@@ -70,8 +70,11 @@ class RetainedFloor(BlockPoints):
         # the first block the floor window may reach back to: not into the load (a window
         # longer than the time since the load would show the load leaving it as a rise)
         self.origin: int | None = None
-        self.returns_from: int | None = None  # no return reaches back before this block
-        self._bound_returns = False
+        # no return reaches back before this block: a level left in the load (a process's
+        # own, or a member's that joined a sum) is no level the series comes back to
+        self.returns_from: int | None = None
+        # (a sum's first load is its members' together, their returns already recurring)
+        self.bound_returns = True
 
     # -- feeding -----------------------------------------------------------------------------
 
@@ -179,16 +182,18 @@ class RetainedFloor(BlockPoints):
         self._stack = deque((k, v + delta) for k, v in self._stack)
 
     def set_origin(self, t: float) -> None:
-        """From the block after t on, the floor window does not reach back before it."""
+        """From the block after t on, the floor window does not reach back before it, nor
+        does a return: a drop soon after the load (a sawtooth whose first ramp the load's
+        end cut short) that comes back to a level of the load's last steps is no period."""
         if self.origin is None:
             self.origin = math.floor(t / self.block_s) + 1
-            if self._bound_returns:
+            if self.bound_returns:
                 self.returns_from = self.origin - 1
 
     def member_loading(self) -> None:
         """A member joined the sum and loads: the origin moves to the end of its load, and
         no return reaches back into it (its steps are no level the sum comes back to)."""
-        self.origin, self._bound_returns = None, True
+        self.origin, self.bound_returns = None, True
 
     # -- reading -----------------------------------------------------------------------------
 

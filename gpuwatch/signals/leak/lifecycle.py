@@ -7,8 +7,11 @@
   Model weights arrive as a few large steps, or a smooth climb, and then stop. Growth
   before that pause is taken for loading until it has gone on for loading_max_seconds;
   after that it is judged on scales of minutes, at a pace that does not slow down (a load
-  does not keep one for that long). The critical path waits only for the steep part of
-  loading to pause (the lower envelope, flat for steep_pause_seconds).
+  does not keep one for that long). The floor's window starts once the steep part of
+  loading paused (the lower envelope, flat for steep_pause_seconds). The critical path
+  waits only for the envelope to climb no faster than steep_pause_share of the critical
+  slope for as long: an allocator sawtooth that starts as the load ends is never flat, but
+  it is no steep load.
 - **warmup**: after the pause. Growth is judged at once on every scale: growth that keeps
   a steady pace after the first pause is a leak, whatever the process's age.
 - **steady**: the retained memory has not risen by settle_bytes for warmup_settle_seconds,
@@ -37,20 +40,23 @@ LOADING, WARMUP, STEADY = "loading", "warmup", "steady"
 
 
 class Lifecycle:
-    def __init__(self, cfg: LifecycleConfig, t_start: float, joined: bool = False) -> None:
+    def __init__(self, cfg: LifecycleConfig, t_start: float, joined: bool = False,
+                 critical: float = 0.0) -> None:
         self.cfg = cfg
         self.t_start = t_start
         self.phase = LOADING
         self.joined = joined  # a member joined a sum already judged: its load, not the sum's
         self.t_paused: float | None = None  # the first pause: loading is over
-        # the steep part of loading is over (the critical path's test: a slower climb after
-        # it, an allocator sawtooth's first ramp, does not matter at the critical slope): the
-        # lower envelope (minimum over half steep_pause_seconds) paused that long once grown
+        # the steep part of loading is over (where the floor's window starts): the lower
+        # envelope (minimum over half steep_pause_seconds) paused that long once grown
         self.t_loaded: float | None = None
-        self._low = RollingMin(cfg.steep_pause_seconds / 2)
-        self._low_first: float | None = None
-        self._low_ref: float | None = None
-        self._low_t = t_start
+        self._flat = _Pause(cfg.steep_pause_seconds / 2, t_start)
+        # ... as the critical path sees it (a slower climb after it, an allocator
+        # sawtooth's first ramp, does not matter at the critical slope): the lower envelope
+        # climbs no faster than steep_pause_share of it
+        self.t_steep: float | None = None
+        self._steep = _Pause(cfg.steep_pause_seconds / 2, t_start,
+                             cfg.steep_pause_share * critical)
         self.first: float | None = None  # the retained memory first seen
         # first seen already holding what it loaded: a pause needs no growth before it
         self.found_loaded = False
@@ -67,20 +73,13 @@ class Lifecycle:
 
     def sample(self, t: float, v: float) -> None:
         """A sample of the fast path's cadence: whether the steep part of loading is over."""
-        if self.t_loaded is not None:
-            return
-        settle = self.cfg.settle_bytes
-        low = self._low.add(t, v)
-        if self._low_first is None:
-            self._low_first = low
-        if self._low_ref is None or low > self._low_ref + settle:
-            self._low_ref, self._low_t = low, t
-        elif low < self._low_ref:
-            self._low_ref = low
-        # a pause counts once memory has grown (a reload sits flat before it loads again)
-        if (t - self._low_t >= self.cfg.steep_pause_seconds
-                and (self._low_ref - self._low_first > 4 * settle or self.found_loaded)):
+        cfg = self.cfg
+        grown = 4 * cfg.settle_bytes
+        if self.t_steep is None and self._steep.paused(t, v, cfg, grown, self.found_loaded):
+            self.t_steep = t
+        if self.t_loaded is None and self._flat.paused(t, v, cfg, grown, self.found_loaded):
             self.t_loaded = t
+            self.t_steep = self.t_steep or t
 
     def block(self, t: float, floor: RetainedFloor) -> bool:
         """Take a closed block of the retained memory; True when the phase changed."""
@@ -105,6 +104,7 @@ class Lifecycle:
                                        or self.found_loaded)):
                 self.phase, self.t_paused = WARMUP, t
                 self.t_loaded = self.t_loaded or t
+                self.t_steep = self.t_steep or t
                 self._rise_ref, self._rise_t = r, t
         # after loading, or once its steep part paused (a load that never pauses, under a
         # sawtooth, can still be given back and loaded again)
@@ -125,3 +125,28 @@ class Lifecycle:
     def judging(self, t: float) -> bool:
         """Whether growth is judged now (not while it may still be loading)."""
         return self.phase != LOADING or t - self.t_start >= self.cfg.loading_max_seconds
+
+
+class _Pause:
+    """Whether the lower envelope (the minimum over `low.window`) paused: it climbed no
+    more than settle_bytes, plus `slow` bytes a second, for steep_pause_seconds, once it
+    had grown (a reload sits flat before it loads again)."""
+
+    def __init__(self, window: float, t_start: float, slow: float = 0.0) -> None:
+        self.low = RollingMin(window)
+        self.slow = slow
+        self.first: float | None = None
+        self.ref: float | None = None
+        self.t = t_start
+
+    def paused(self, t: float, v: float, cfg: LifecycleConfig, grown: float,
+               found_loaded: bool) -> bool:
+        low = self.low.add(t, v)
+        if self.first is None:
+            self.first = low
+        if self.ref is None or low > self.ref + cfg.settle_bytes + self.slow * (t - self.t):
+            self.ref, self.t = low, t
+        elif low < self.ref:
+            self.ref = low
+        return (t - self.t >= cfg.steep_pause_seconds
+                and (self.ref - self.first > grown or found_loaded))

@@ -76,8 +76,11 @@ class LeakSeries:
     only then). `value`/`threshold` are what the current level was judged on.
     """
 
-    def __init__(self, params: LeakParams, t_start: float) -> None:
+    def __init__(self, params: LeakParams, t_start: float, summed: bool = False) -> None:
         self.p = params
+        # a sum of processes without per-process figures: its first load is its members'
+        # together, their returns already recurring
+        self.summed = summed
         self.verdict = Verdict()
         self.rate: float | None = None
         self.rising = False
@@ -87,7 +90,7 @@ class LeakSeries:
 
     def _start(self, t: float) -> None:
         c = self.p.cfg
-        self.life = Lifecycle(c.lifecycle, t)
+        self.life = Lifecycle(c.lifecycle, t, critical=self.p.crit_on)
         self.early = FastWindow(c.early_window_seconds)
         self._reset()
 
@@ -95,6 +98,7 @@ class LeakSeries:
         """New baselines (a reload, or another source); the verdict is the caller's."""
         c = self.p.cfg
         self.floor = retained_floor(c)
+        self.floor.bound_returns = not self.summed
         self.scales = scales_of(c, self.floor)
         self.troughs = Troughs(self.floor, noise_factor=c.noise_factor,
                                min_rise=c.min_rise_bytes)
@@ -125,7 +129,8 @@ class LeakSeries:
             self.fast = FastWindow(c.critical_window_seconds)
             self.early = FastWindow(c.early_window_seconds)
         if appeared:
-            self.life = Lifecycle(c.lifecycle, t, joined=self.life.judging(t))
+            self.life = Lifecycle(c.lifecycle, t, joined=self.life.judging(t),
+                                  critical=self.p.crit_on)
             self.early = FastWindow(c.early_window_seconds)
             self.floor.member_loading()
 
@@ -198,7 +203,7 @@ class LeakSeries:
             self.fast.add(t, v)
             return self.fast.slope(crit_on)
         self.early.add(t, v)
-        if life.t_loaded is None:  # its steep part may still be loading
+        if life.t_steep is None:  # its steep part may still be loading
             return None
         # only the minima count, and a young leak under churn climbs in uneven steps
         rate = self.early.slope(crit_on, parts=c.early_parts, lows_only=True, min_span=0.9,
