@@ -36,6 +36,12 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the key and the reason."""
 
 
+class WebConfigError(ValueError):
+    """A web configuration problem (gpuwatch.webconfig); the message is one line naming the
+    file and the key. Here, not beside the reader, so the daemon can catch it without loading
+    TLS and basic auth where no web configuration file is given."""
+
+
 class NvmlConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fast_interval_seconds: PositiveFloat = 2.0
     # Energy and PCIe throughput (PCIe costs ~20 ms per call): 0 turns the slow tier off.

@@ -17,15 +17,14 @@ import signal
 import socket
 import ssl
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuwatch import __version__, exitcodes, lifecycle, logfmt, redact, webconfig
+from gpuwatch import __version__, exitcodes, lifecycle, logfmt, redact
 from gpuwatch import config as config_mod
 from gpuwatch.attribution.source import make_source as make_attribution
-from gpuwatch.config import Config, ConfigError
+from gpuwatch.config import Config, ConfigError, WebConfigError
 from gpuwatch.engine_feed import EngineFeed
 from gpuwatch.events import ActionEvent, Event, to_json
-from gpuwatch.eventslog import EventsLog
 from gpuwatch.exporter.app import make_app
 from gpuwatch.exporter.listener import Limits, Listener
 from gpuwatch.exporter.render import Renderer
@@ -34,15 +33,19 @@ from gpuwatch.exporter.snapshot import Snapshot, SourceStatus
 from gpuwatch.model import EngineSample, GpuSample, OomSample, ProbeSample, Tick
 from gpuwatch.probe_channel.config import resolve_dir
 from gpuwatch.ratelog import RateLimitedLog
-from gpuwatch.recording import Recorder
 from gpuwatch.remediation.paths import snapshot_dir
 from gpuwatch.remediation.remediator import state_dir
 from gpuwatch.signals.pipeline import Pipeline
-from gpuwatch.sources.oom_records import OomReader
 from gpuwatch.sources.probe_fs import UserFilesystems
 from gpuwatch.sources.probes import ProbeReader, prepare_probe_dir
 from gpuwatch.sources.sampler import GpuSampler, make_backend
 from gpuwatch.thresholds import ThresholdsError
+
+if TYPE_CHECKING:
+    from gpuwatch import webconfig
+    from gpuwatch.eventslog import EventsLog
+    from gpuwatch.recording import Recorder
+    from gpuwatch.sources.oom_records import OomReader
 
 log = logging.getLogger("gpuwatch")
 
@@ -81,7 +84,7 @@ class Daemon:
         self._acting = asyncio.Lock()
         self.engine_feed = EngineFeed(self.run_tick)
         self._recorder: Recorder | None = None
-        self._events_log = None
+        self._events_log: EventsLog | None = None
         self._stop = asyncio.Event()
         self._engine_task: asyncio.Task | None = None
         self._reload_task: asyncio.Task | None = None
@@ -100,7 +103,7 @@ class Daemon:
         self.probe_dir = resolve_dir(cfg.probe.dir)
         self.probe_reader = ProbeReader(self.probe_dir, UserFilesystems(
             self.probe_dir, cfg.probe.user_max_bytes, cfg.probe.user_max_files))
-        self.oom_reader = OomReader(self.probe_dir)
+        self.oom_reader: OomReader | None = None  # made when the first probe is read
         self._oom_notes: set[str] = set()
         # the backend makes its own (simulation): no records; None until the first tick
         self._own_probes: bool | None = None
@@ -144,7 +147,17 @@ class Daemon:
                     probes: list[ProbeSample]) -> list[OomSample]:
         """The OOM records probes left since the last tick, adopted into the snapshot
         directory (off the loop: copies from directories users write)."""
-        if not self.config.probe.enabled or not (probes or self.oom_reader.watching):
+        if not self.config.probe.enabled:
+            return []
+        if self.oom_reader is None:
+            if not probes:
+                return []
+            # imported only here: the records, their channel and the snapshot hook's copy
+            # stay out of a host where no probe ever published
+            from gpuwatch.sources.oom_records import OomReader
+
+            self.oom_reader = OomReader(self.probe_dir)
+        elif not (probes or self.oom_reader.watching):
             return []
         rem = self.config.remediation
         problems: list[str] = []
@@ -363,7 +376,7 @@ class Daemon:
                       f"took more than {RELOAD_TIMEOUT_SECONDS}s" if isinstance(
                           exc, TimeoutError) else f"is still stuck: {exc}")
             return False
-        except webconfig.WebConfigError as exc:
+        except WebConfigError as exc:
             log.error("web config reload rejected, nothing of the configuration applied "
                       "either: %s", exc)
             return False
@@ -381,6 +394,8 @@ class Daemon:
         new = config_mod.load(self.config_path, overrides=self.overrides)
         web_update = None
         if self.guard is not None and new.web_config and new.web_config == self.config.web_config:
+            from gpuwatch import webconfig
+
             wc = webconfig.load(new.web_config)
             self.guard.check_update(wc)
             web_update = wc, webconfig.ssl_context(wc)
@@ -428,7 +443,7 @@ class Daemon:
     def _reload_web(self, wc: webconfig.WebConfig, context: ssl.SSLContext | None) -> None:
         try:
             restart = self.guard.update(wc, context)
-        except (ssl.SSLError, OSError, webconfig.WebConfigError) as exc:  # changed since read
+        except (ssl.SSLError, OSError, WebConfigError) as exc:  # changed since read
             log.error("web config reload rejected, keeping the current one: %s", exc)
             return
         if self.listener is not None:
@@ -443,11 +458,16 @@ class Daemon:
         """Open the recording and the events log; the reason when one cannot be."""
         cfg = self.config
         key = "record"
+        # each imported only where it is configured
         try:
             if cfg.record:
+                from gpuwatch.recording import Recorder
+
                 self._recorder = Recorder(cfg.record, self.host, cfg.nvml.fast_interval_seconds)
             key = "events_log"
             if cfg.events_log:
+                from gpuwatch.eventslog import EventsLog
+
                 self._events_log = EventsLog(cfg.events_log)
         except OSError as exc:
             self._close_outputs()
@@ -522,12 +542,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         host, port = config_mod.parse_listen(self.config.listen)
         try:
-            if self.web is None and self.config.web_config:
-                self.web = webconfig.load(self.config.web_config)
-            if self.web is not None:
-                self.guard = webconfig.Guard(
-                    self.web, failures_per_minute=self.config.http.auth_failures_per_minute)
-        except webconfig.WebConfigError as exc:
+            self._make_guard()
+        except WebConfigError as exc:
             log.error("%s", exc)
             return exitcodes.USAGE
         try:
@@ -628,6 +644,19 @@ class Daemon:
             from gpuwatch.nodehealth.nvsentinel import make_publisher
 
             self.nvsentinel = make_publisher(cfg, self.sources, self.host)
+
+    def _make_guard(self) -> None:
+        """TLS, basic auth and headers, when a web configuration file is given; raises
+        WebConfigError."""
+        if self.web is None and not self.config.web_config:
+            return
+        # imported only here: a daemon without a web configuration never loads it
+        from gpuwatch import webconfig
+
+        if self.web is None:
+            self.web = webconfig.load(self.config.web_config)
+        self.guard = webconfig.Guard(
+            self.web, failures_per_minute=self.config.http.auth_failures_per_minute)
 
     def _make_remediator(self):
         from gpuwatch.remediation.remediator import Remediator

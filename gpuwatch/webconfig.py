@@ -34,6 +34,7 @@ from pathlib import Path
 import msgspec
 
 from gpuwatch import admission
+from gpuwatch.config import WebConfigError
 from gpuwatch.exporter import server
 from gpuwatch.tomlfile import explain, read_regular
 
@@ -71,10 +72,6 @@ BCRYPT_QUEUE = 8
 # Failed logins per client address (IPv6: per /64) before it is answered 429 unchecked.
 AUTH_FAILURE_BURST = 10
 AUTH_FAILURES_PER_MINUTE = 10
-
-
-class WebConfigError(ValueError):
-    """A web configuration problem; the message is one line naming the file and the key."""
 
 
 class _TLS(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -45,6 +45,23 @@ NOT_IN_A_DEFAULT_RUN = {
     "gpuwatch.nodehealth.npd": "`gpuwatch npd`, the same",
     "gpuwatch.thresholds.cli": "`gpuwatch thresholds`, the same",
     "gpuwatch.attribution.cli": "`gpuwatch attribution`, the same",
+    "gpuwatch.webconfig": "TLS and basic auth, only with a web configuration file",
+    "hmac": "the same, and the webhook's token check",
+    "gpuwatch.remediation.webhook": "made at Alertmanager's first request",
+    "gpuwatch.remediation.hooks.snapshot": "each hook once an action of its kind is checked",
+    "gpuwatch.remediation.hooks.flush": "the same",
+    "gpuwatch.remediation.hooks.signal": "the same",
+    "gpuwatch.remediation.hooks.exec": "the same",
+    "gpuwatch.remediation.hooks.probe_channel": "the same",
+    "gpuwatch.remediation.flushing": "the same",
+    "gpuwatch.sources.oom_records": "OOM records, once a probe has published",
+    "gpuwatch.probe_channel.oom": "the same",
+    "gpuwatch.probe_channel.requests": "the same, and requests to probes",
+    "gpuwatch.attribution.kubeapi": "pods, only on a node whose GPU processes run in pods",
+    "json": "the same",
+    "gpuwatch.attribution.hpc": "only a configured job-mapping directory",
+    "gpuwatch.recording": "only with record",
+    "gpuwatch.eventslog": "only with events_log",
 }
 
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from gpuwatch.attribution.cgroup import CgroupInfo
-from gpuwatch.attribution.kubeapi import PodMeta
 from gpuwatch.attribution.podresources import ContainerDevices
+
+if TYPE_CHECKING:  # pods come from the kubelet or the API server's client, where configured
+    from gpuwatch.attribution.kubeapi import PodMeta
 
 
 class Attribution(msgspec.Struct, kw_only=True):

@@ -8,12 +8,10 @@ import functools
 import os
 import pwd
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpuwatch.attribution import cgroup, procfs
-from gpuwatch.attribution.hpc import read_job_mapping
 from gpuwatch.attribution.join import Attribution, add_source, gpu_owners, join
-from gpuwatch.attribution.kubeapi import KubeApiUnavailable, PodMeta, default_url, list_node_pods
 from gpuwatch.attribution.podresources import (
     DEFAULT_SOCKET,
     ContainerDevices,
@@ -21,6 +19,12 @@ from gpuwatch.attribution.podresources import (
     list_containers,
 )
 from gpuwatch.safetext import valid
+
+# The API server's client (with json) and the HPC job-mapping reader are imported where they
+# are used: only a node whose processes run in pods asks for pods, only a configured
+# job-mapping directory is read.
+if TYPE_CHECKING:
+    from gpuwatch.attribution.kubeapi import PodMeta
 
 
 class Host(Protocol):
@@ -69,13 +73,19 @@ class ProcHost:
         k = self.kube_api
         if k is None:
             return None
+        from gpuwatch.attribution.kubeapi import default_url, list_node_pods
+
         return list_node_pods(k.url or default_url(), k.node_name, token_file=k.token_file,
                               ca_file=k.ca_file, allow_labels=tuple(k.pod_labels),
                               allow_annotations=tuple(k.pod_annotations),
                               timeout=max(self.timeout, 5.0))
 
     def gpu_jobs(self) -> dict[int, list[str]]:
-        return read_job_mapping(self.job_mapping_dir) if self.job_mapping_dir else {}
+        if not self.job_mapping_dir:
+            return {}
+        from gpuwatch.attribution.hpc import read_job_mapping
+
+        return read_job_mapping(self.job_mapping_dir)
 
     def cgroup(self, pid: int) -> str | None:
         return procfs.read_cgroup(self.proc_root, pid)
@@ -128,6 +138,8 @@ def resolve(host: Host, pid_gpus: dict[int, set[str]], *, slurm_environ: bool = 
         problems["podresources"] = str(exc)
     api_pods = None
     if any(c.pod_uid for c in cgroups.values()):
+        from gpuwatch.attribution.kubeapi import KubeApiUnavailable
+
         try:
             api_pods = host.pods()
         except KubeApiUnavailable as exc:

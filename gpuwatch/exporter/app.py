@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -12,7 +13,9 @@ from gpuwatch.exporter.render import Renderer
 from gpuwatch.exporter.snapshot import Snapshot
 from gpuwatch.exporter.state_json import state_document
 from gpuwatch.views.page import status_page
-from gpuwatch.webconfig import Guard
+
+if TYPE_CHECKING:  # only a daemon with a web configuration file loads it
+    from gpuwatch.webconfig import Guard
 
 _json = msgspec.json.Encoder()
 

@@ -19,8 +19,6 @@ from typing import Annotated
 
 import msgspec
 
-from gpuwatch.probe_channel.oom import MAX_SEQ
-
 log = logging.getLogger(__name__)
 
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
@@ -29,6 +27,10 @@ Ratio = Annotated[float, msgspec.Meta(gt=0, le=1)]
 
 SYSTEM_DIR = "/run/gpuwatch/probe"
 ENV_PREFIX = "GPUWATCH_PROBE_"
+# A process writes at most this many OOM records in its life (the probe's own cap,
+# oom_max_records, is lower). The record format (gpuwatch.probe_channel.oom) takes it from
+# here: the daemon holds the format in memory only once a probe has published.
+MAX_SEQ = 256
 
 
 class ProbeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -16,11 +16,11 @@ from typing import Annotated
 
 import msgspec
 
+from gpuwatch.probe_channel.config import MAX_SEQ
+
 FORMAT = "gpuwatch-oom"
 VERSION = 1
 MAX_RECORD_BYTES = 256 * 1024
-# A process writes at most this many records in its life (the probe's own cap is lower).
-MAX_SEQ = 256
 TOP = 8  # segments and blocks named in a summary
 
 NAME_RE = re.compile(r"oom-(\d{1,10})-(\d{1,3})\.json")

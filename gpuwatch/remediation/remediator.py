@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -30,7 +30,9 @@ from gpuwatch.remediation.ledger import RESULTS, Ledger
 from gpuwatch.remediation.paths import state_dir
 from gpuwatch.remediation.policy import Action, Plan, Policy
 from gpuwatch.remediation.runner import HookRunner
-from gpuwatch.remediation.webhook import AlertmanagerWebhook
+
+if TYPE_CHECKING:
+    from gpuwatch.remediation.webhook import AlertmanagerWebhook
 
 __all__ = ["RESULTS", "Remediator", "state_dir"]
 
@@ -85,7 +87,7 @@ class Remediator:
         self.ledger = Ledger(config, clock)
         self.ledger.dry_run = self.dry_run
         self.hooks = HookRunner(config, probe_dir, clock)
-        self.webhook = AlertmanagerWebhook(self, webhook, clock=clock)
+        self._webhook: AlertmanagerWebhook | None = None
         self._snap: Any = None
         self._ladders: dict[tuple, _Ladder] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -93,6 +95,16 @@ class Remediator:
         self._ids = itertools.count(1)
         self._run_id = f"{int(clock()):x}"
         self.ledger.note("started", dry_run=self.dry_run)
+
+    @property
+    def webhook(self) -> AlertmanagerWebhook:
+        """The /alertmanager handler, made at its first request: a daemon that Alertmanager
+        never calls never loads it."""
+        if self._webhook is None:
+            from gpuwatch.remediation.webhook import AlertmanagerWebhook
+
+            self._webhook = AlertmanagerWebhook(self, self.webhook_config, clock=self.clock)
+        return self._webhook
 
     @property
     def audit(self):
@@ -146,11 +158,15 @@ class Remediator:
         g.rate_window_seconds, g.max_concurrent = (config.rate_window_seconds,
                                                    config.max_concurrent)
         self.hooks.reconfigure(config)
-        self.webhook.reconfigure(webhook)
+        if self._webhook is not None:  # else it is made with the new settings
+            self._webhook.reconfigure(webhook)
         self.ledger.note("reconfigured", dry_run=self.dry_run)
 
     def routes(self) -> list[server.Route]:
-        return [server.post("/alertmanager", self.webhook.handle)]
+        return [server.post("/alertmanager", self._alertmanager)]
+
+    async def _alertmanager(self, request: server.Request) -> server.Response:
+        return await self.webhook.handle(request)
 
     def counters(self) -> dict[tuple[str, str], int]:
         return dict(self.ledger.counts)

@@ -1,19 +1,17 @@
 """Carrying out actions for the remediator: what the samples tell about the targets (engines
 and their pids, probes, pidfds of the processes on GPUs), the checks an action needs before
-it may run, and the hook calls themselves."""
+it may run, and the hook calls themselves.
+
+Each hook (and flushing) is imported when an action of its kind is first checked or run: a
+daemon that never acts never holds them in memory."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from gpuwatch import redact
-from gpuwatch.remediation import flushing
 from gpuwatch.remediation.config import RemediationConfig, signal_number
 from gpuwatch.remediation.hooks import Refused, Target
-from gpuwatch.remediation.hooks import exec as exec_hook
-from gpuwatch.remediation.hooks import flush as flush_hook
-from gpuwatch.remediation.hooks import signal as signal_hook
-from gpuwatch.remediation.hooks import snapshot as snapshot_hook
 from gpuwatch.remediation.identity import ProcessHandles
 from gpuwatch.remediation.paths import snapshot_dir
 from gpuwatch.remediation.policy import Action
@@ -63,6 +61,8 @@ class HookRunner:
         dry run reports it would do."""
         name, arg = action
         if name == "signal":
+            from gpuwatch.remediation.hooks import signal as signal_hook
+
             if target.pid is None:
                 raise Refused("signal needs a process, and the event names none")
             signum = signal_number(arg) if arg else self._signum
@@ -76,6 +76,8 @@ class HookRunner:
                               "and no flush endpoint for its engine")
             return {"would_flush": [h[0] for h in how]}
         if name == "snapshot":
+            from gpuwatch.remediation import flushing
+
             if target.gpu_uuid is None:
                 raise Refused(f"snapshot needs a GPU; {target.label} runs on none known")
             return {"would_snapshot": target.label,
@@ -90,10 +92,15 @@ class HookRunner:
         payload: what an exec hook gets besides the context."""
         name, arg = action
         if name == "signal":
+            from gpuwatch.remediation.hooks import signal as signal_hook
+
             signum = signal_number(arg) if arg else self._signum
             return signal_hook.send(target.pid, target.create_time, signum,
                                     self.config.signal.allow, pidfd=self._pidfd(target))
         if name == "snapshot":
+            from gpuwatch.remediation import flushing
+            from gpuwatch.remediation.hooks import snapshot as snapshot_hook
+
             cfg = self.config.snapshot
             return await snapshot_hook.take(
                 self.snap, target, context, directory=self.snapshot_dir,
@@ -106,6 +113,8 @@ class HookRunner:
         if name == "flush":
             return await self._flush(target, arg)
         if name == "exec":
+            from gpuwatch.remediation.hooks import exec as exec_hook
+
             detail = await exec_hook.run(self.config.exec.argv, {**context, **payload},
                                          timeout=self.config.exec.timeout_seconds,
                                          extra_env=self.config.exec.env)
@@ -125,10 +134,14 @@ class HookRunner:
             raise Refused(str(exc)) from None
 
     def _flush_plan(self, target: Target, arg: str) -> list[tuple[str, Any]]:
+        from gpuwatch.remediation import flushing
+
         endpoint = flushing.endpoint_for(target, self.config, self.engines, self.snap)
         return flushing.plan(target, arg, self.probes, endpoint)
 
     async def _flush(self, target: Target, arg: str) -> dict[str, Any]:
+        from gpuwatch.remediation.hooks import flush as flush_hook
+
         how = self._flush_plan(target, arg)
         if not how:
             raise Refused(f"nothing to flush for {target.label}")
