@@ -17,10 +17,12 @@ T0 = 1_800_000_000.0
 CONTEXT = 520 * MIB  # what torch's CUDA context holds on an H200
 
 
-def run(memory, seconds: int, config=None) -> list:
+def run(memory, seconds: int, config=None, step: int = 1) -> list:
+    """The firing leak events of one process whose memory is memory(seconds since T0),
+    sampled every step seconds."""
     pipeline = Pipeline(load(None, environ={}, overrides=config or {}), load_table())
     events = []
-    for i in range(seconds):
+    for i in range(0, seconds, step):
         v = int(memory(i))
         proc = ProcessSample(pid=11, name="python3", create_time=T0 - 3, used_memory_bytes=v)
         gpu = GpuSample(index=0, uuid="GPU-f", name="NVIDIA H200",

@@ -7,28 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwatch.config import load
-from gpuwatch.model import GpuSample, ProcessSample, Tick
-from gpuwatch.signals.pipeline import Pipeline
-from gpuwatch.thresholds import load_table
-
-MIB, GIB = 1 << 20, 1 << 30
-T0 = 1_800_000_000.0
-CONTEXT = 520 * MIB
+from tests.test_leak_found_loaded import CONTEXT, GIB, MIB, T0
+from tests.test_leak_found_loaded import run as run_one
 
 
-def run(memory, seconds: int, step: int = 2) -> list:
-    pipeline = Pipeline(load(None, environ={}, overrides={}), load_table())
-    events = []
-    for i in range(0, seconds, step):
-        v = int(memory(i))
-        proc = ProcessSample(pid=21, name="python3", create_time=T0, used_memory_bytes=v)
-        gpu = GpuSample(index=0, uuid="GPU-s", name="NVIDIA H200",
-                        memory_total_bytes=143771 * MIB, memory_used_bytes=v + 600 * MIB,
-                        processes=[proc])
-        events += [e for e in pipeline.update(Tick(t=T0 + i, gpus=[gpu]))
-                   if e.signal == "memory_leak" and e.state == "firing"]
-    return events
+def run(memory, seconds: int) -> list:
+    return run_one(memory, seconds, step=2)
 
 
 def loaded(t: float, shards: int = 12) -> float:
