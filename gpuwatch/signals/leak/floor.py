@@ -50,7 +50,8 @@ class BlockPoints:
 
 class RetainedFloor(BlockPoints):
     def __init__(self, block_s: float, min_window_s: float, max_window_s: float,
-                 memory_s: float, keep_s: float, tol_bytes: float) -> None:
+                 memory_s: float, keep_s: float, tol_bytes: float,
+                 bound_returns: bool = True) -> None:
         self.block_s = block_s
         self.min_blocks = max(1, round(min_window_s / block_s))
         self.max_blocks = max(self.min_blocks, round(max_window_s / block_s))
@@ -73,8 +74,8 @@ class RetainedFloor(BlockPoints):
         # no return reaches back before this block: a level left in the load (a process's
         # own, or a member's that joined a sum) is no level the series comes back to
         self.returns_from: int | None = None
-        # (a sum's first load is its members' together, their returns already recurring)
-        self.bound_returns = True
+        # (not a sum's first load: its members' together, their returns already recurring)
+        self.bound_returns = bound_returns
 
     # -- feeding -----------------------------------------------------------------------------
 

@@ -50,13 +50,14 @@ class Lifecycle:
         # the steep part of loading is over (where the floor's window starts): the lower
         # envelope (minimum over half steep_pause_seconds) paused that long once grown
         self.t_loaded: float | None = None
-        self._flat = _Pause(cfg.steep_pause_seconds / 2, t_start)
+        self._low = RollingMin(cfg.steep_pause_seconds / 2)
+        self._low_first: float | None = None
+        self._flat = _Pause(t_start, cfg.settle_bytes)
         # ... as the critical path sees it (a slower climb after it, an allocator
-        # sawtooth's first ramp, does not matter at the critical slope): the lower envelope
+        # sawtooth's first ramp, does not matter at the critical slope): the same envelope
         # climbs no faster than steep_pause_share of it
         self.t_steep: float | None = None
-        self._steep = _Pause(cfg.steep_pause_seconds / 2, t_start,
-                             cfg.steep_pause_share * critical)
+        self._steep = _Pause(t_start, cfg.settle_bytes, cfg.steep_pause_share * critical)
         self.first: float | None = None  # the retained memory first seen
         # first seen already holding what it loaded: a pause needs no growth before it
         self.found_loaded = False
@@ -73,13 +74,22 @@ class Lifecycle:
 
     def sample(self, t: float, v: float) -> None:
         """A sample of the fast path's cadence: whether the steep part of loading is over."""
-        cfg = self.cfg
-        grown = 4 * cfg.settle_bytes
-        if self.t_steep is None and self._steep.paused(t, v, cfg, grown, self.found_loaded):
+        if self.t_loaded is not None:  # the strict pause comes last
+            return
+        low = self._low.add(t, v)
+        if self._low_first is None:
+            self._low_first = low
+        if self.t_steep is None and self._paused(self._steep, t, low):
             self.t_steep = t
-        if self.t_loaded is None and self._flat.paused(t, v, cfg, grown, self.found_loaded):
+        if self._paused(self._flat, t, low):
             self.t_loaded = t
             self.t_steep = self.t_steep or t
+
+    def _paused(self, pause: _Pause, t: float, low: float) -> bool:
+        # a pause counts once memory has grown (a reload sits flat before it loads again)
+        held = pause.held(t, low)
+        return held >= self.cfg.steep_pause_seconds and (
+            self.found_loaded or pause.ref - self._low_first > 4 * self.cfg.settle_bytes)
 
     def block(self, t: float, floor: RetainedFloor) -> bool:
         """Take a closed block of the retained memory; True when the phase changed."""
@@ -128,25 +138,18 @@ class Lifecycle:
 
 
 class _Pause:
-    """Whether the lower envelope (the minimum over `low.window`) paused: it climbed no
-    more than settle_bytes, plus `slow` bytes a second, for steep_pause_seconds, once it
-    had grown (a reload sits flat before it loads again)."""
+    """How long the lower envelope has climbed no more than `settle` bytes, plus `slow`
+    bytes a second, above its lowest value since it last climbed beyond that."""
 
-    def __init__(self, window: float, t_start: float, slow: float = 0.0) -> None:
-        self.low = RollingMin(window)
+    def __init__(self, t_start: float, settle: float, slow: float = 0.0) -> None:
+        self.settle = settle
         self.slow = slow
-        self.first: float | None = None
         self.ref: float | None = None
         self.t = t_start
 
-    def paused(self, t: float, v: float, cfg: LifecycleConfig, grown: float,
-               found_loaded: bool) -> bool:
-        low = self.low.add(t, v)
-        if self.first is None:
-            self.first = low
-        if self.ref is None or low > self.ref + cfg.settle_bytes + self.slow * (t - self.t):
+    def held(self, t: float, low: float) -> float:
+        if self.ref is None or low > self.ref + self.settle + self.slow * (t - self.t):
             self.ref, self.t = low, t
         elif low < self.ref:
             self.ref = low
-        return (t - self.t >= cfg.steep_pause_seconds
-                and (self.ref - self.first > grown or found_loaded))
+        return t - self.t

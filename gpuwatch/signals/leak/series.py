@@ -51,10 +51,10 @@ def confirm_time(cfg: LeakConfig, scale: float) -> float:
     return min(share * scale, cfg.confirm_seconds)
 
 
-def retained_floor(cfg: LeakConfig) -> RetainedFloor:
+def retained_floor(cfg: LeakConfig, bound_returns: bool = True) -> RetainedFloor:
     return RetainedFloor(cfg.block_seconds, cfg.block_seconds, cfg.max_floor_window_seconds,
                          cfg.return_memory_seconds, 2 * max(cfg.scales_seconds),
-                         cfg.floor_tolerance_bytes)
+                         cfg.floor_tolerance_bytes, bound_returns)
 
 
 def scales_of(cfg: LeakConfig, floor: RetainedFloor) -> Scales:
@@ -97,8 +97,7 @@ class LeakSeries:
     def _reset(self) -> None:
         """New baselines (a reload, or another source); the verdict is the caller's."""
         c = self.p.cfg
-        self.floor = retained_floor(c)
-        self.floor.bound_returns = not self.summed
+        self.floor = retained_floor(c, bound_returns=not self.summed)
         self.scales = scales_of(c, self.floor)
         self.troughs = Troughs(self.floor, noise_factor=c.noise_factor,
                                min_rise=c.min_rise_bytes)
