@@ -10,7 +10,9 @@ floor), needs one block, so the floor follows a leak with no lag.
 
 A return is a block whose value comes back within the series' tolerance (six times the
 lower quartile of the gap between a block's two lowest samples, about three times the
-floor's own jitter; at least `tol_bytes`; at least half the drop that brought it back: the
+floor's own jitter, or of the change between consecutive blocks where that is smaller: a
+sawtooth sampled a few times a period puts a ramp's step between a block's two lowest
+samples; at least `tol_bytes`; at least half the drop that brought it back: the
 troughs of a sawtooth rise as memory grows under it) of an earlier block, with every block in
 between above that (the newest such block not above it beyond its jitter: the sawtooth's
 last trough, not a level partway up its ramp); the return period is the longest return
@@ -67,6 +69,7 @@ class RetainedFloor(BlockPoints):
         self._stack: deque[tuple[int, float]] = deque()  # suffix minima of block values
         self._returns = SlidingMax(memory_s)
         self._changes: deque[float] = deque(maxlen=32)
+        self._steps: deque[float] = deque(maxlen=32)  # |change| between block values
         self.tol = tol_bytes
         # the first block the floor window may reach back to: not into the load (a window
         # longer than the time since the load would show the load leaving it as a rise)
@@ -98,8 +101,16 @@ class RetainedFloor(BlockPoints):
             # the gap between a block's two lowest samples: the jitter of the floor itself;
             # its lower quartile, as churn caught in a block widens some gaps
             self._changes.append(b - a)
+            if self.lows:
+                self._steps.append(abs(value - self.lows[-1]))
             q = sorted(self._changes)
-            self.tol = max(self.tol_min, 6.0 * q[len(q) // 4])
+            jitter = q[len(q) // 4]
+            if len(self._steps) >= 8:
+                # a sawtooth sampled a few times a period: the two lowest samples of a block
+                # are a ramp's step apart, not noise, and blocks that catch its trough agree
+                # closer than that
+                jitter = min(jitter, sorted(self._steps)[len(self._steps) // 4])
+            self.tol = max(self.tol_min, 6.0 * jitter)
         # the open block closes; blocks with no sample after it keep its value
         first = max(self._k, k - (self.keep + self.max_blocks))
         for blk in range(first, k):

@@ -164,7 +164,8 @@ class Scales:
         return out
 
     def loading(self, warn_on: float, min_rise: float, min_span_s: float, part_ratio: float,
-                steady_ratio: float, reach: int | None = None) -> Evidence | None:
+                steady_ratio: float, reach: int | None = None,
+                breakout: bool = True) -> Evidence | None:
         """Growth that has not paused since the series started, judged as a whole from the
         end of its load (its few large steps, or its steep climb, or a short pause after
         them; a leak from the first second has none): it is leak-shaped when it rose by
@@ -174,7 +175,9 @@ class Scales:
         slower in its second half. Growth that sped up (its second half faster than its
         first: a leak that started after the load) is judged again on its second half, down
         to min_span_s; growth that slowed down never is. reach: blocks since the series'
-        cycle started (None: all of its history)."""
+        cycle started (None: all of its history). breakout: whether growth the floor window
+        lags may be judged on the block values (a sum's; a process's own window is its own
+        sawtooth's, and its block values ride that sawtooth's first ramps)."""
         f = self.floor
         b = f.block_s
         reach = len(f) - 1 if reach is None else min(reach, len(f) - 1)
@@ -196,7 +199,7 @@ class Scales:
             if e.shaped or not sped_up:
                 break
             m //= 2
-        if (ev is None or not ev.shaped) and n // f.window < self.parts:
+        if breakout and (ev is None or not ev.shaped) and n // f.window < self.parts:
             # a floor window longer than a quarter of it lags the whole of it (a sum of
             # processes whose sawtooths and transients set a long return period, kept while
             # a member loads): growth far beyond anything the series gave back is judged on

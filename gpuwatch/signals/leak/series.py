@@ -237,7 +237,8 @@ class LeakSeries:
             whole = self.scales.loading(p.warn_on, c.loading_min_rise_bytes,
                                         c.loading_min_scale_seconds, c.loading_part_ratio,
                                         c.loading_steady_ratio,
-                                        round((t - life.t_start) / c.block_seconds))
+                                        round((t - life.t_start) / c.block_seconds),
+                                        breakout=self.summed)
             if whole is not None:
                 ev = [*ev, whole]
         judging = life.judging(t)
@@ -295,8 +296,11 @@ class LeakSeries:
             else:
                 rate = (hist[-1][1] - hist[0][1]) / max(hist[-1][0] - hist[0][0], 1e-9)
             return rate, c.resolve_ratio * p.critical, 0.0
-        window = max(v.scale or 0.0, c.exit_window_seconds)
         f = self.floor
+        # plus the floor window: the retained memory moves as troughs leave that window, and
+        # under a sawtooth (or transients) that set it long, a leak at the warning slope may
+        # not move it for most of a shorter exit window
+        window = max(v.scale or 0.0, c.exit_window_seconds) + f.period
         n = min(round(window / c.block_seconds), len(f) - 1)
         if n <= 0:
             return math.inf, 0.0, 0.0

@@ -2,9 +2,10 @@
 
 A level is entered at once when it fires, and left only after its exit rate has stayed
 below resolve_ratio x its slope for its hold: a warning on the retained memory's rise over
-its exit window (the scale it fired on, at least 5 min) for resolve_seconds; a critical on
-the raw lower envelope's average rise over the last critical_resolve_seconds, all of it
-after the entry last held (no floor lag, and sawtooth cannot hold it open). A critical
+its exit window (the scale it fired on, at least 2 min, plus the floor window) for
+resolve_seconds; a critical on the raw lower envelope's average rise over the last
+critical_resolve_seconds, all of it after the entry last held (no floor lag, and sawtooth
+cannot hold it open). A critical
 episode that ends falls back to a warning only if a warning fires on its own then. The
 severity of one episode only rises until it ends, and an episode spans phase changes. Once
 an episode ended, only evidence gathered wholly after its end starts a new one: a window
