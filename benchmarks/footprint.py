@@ -180,6 +180,34 @@ class Watched:
 
     def end_window(self) -> None:
         self.cpu1 = self._cpu()
+        self.maps = self._private_by_mapping()
+        self.thread_names = self._thread_names()
+
+    def _private_by_mapping(self, top: int = 15) -> dict[str, int]:
+        """Private KiB (clean and dirty) per mapped file, anonymous memory and heap: where
+        a process's USS is."""
+        out: dict[str, int] = {}
+        name = "[anon]"
+        try:
+            with open(f"/proc/{self.proc.pid}/smaps") as fh:
+                for line in fh:
+                    head = line.split(maxsplit=6)
+                    if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+                        name = head[5].strip() if len(head) > 5 else "[anon]"
+                    elif head[0] in ("Private_Clean:", "Private_Dirty:"):
+                        out[name] = out.get(name, 0) + int(head[1])
+        except OSError:
+            return {}
+        return dict(sorted(out.items(), key=lambda kv: -kv[1])[:top])
+
+    def _thread_names(self) -> list[str]:
+        names = []
+        for tid in sorted(os.listdir(f"/proc/{self.proc.pid}/task")):
+            try:
+                names.append(Path(f"/proc/{self.proc.pid}/task/{tid}/comm").read_text().strip())
+            except OSError:
+                pass
+        return names
 
     def sample_memory(self) -> None:
         m = self.ps.memory_full_info()
@@ -215,6 +243,8 @@ class Watched:
                 (self.cpu1[1] + self.cpu1[2] - self.cpu0[1] - self.cpu0[2]) / wall, 5),
             "window_seconds": round(wall, 1),
             "threads": self.ps.num_threads(),
+            "thread_names": getattr(self, "thread_names", []),
+            "private_kib_by_mapping": getattr(self, "maps", {}),
             "exposition_lines": self.scrapes,
             "memory_samples": [[round(t - self.memory[0][0], 1), round(r, 1), round(u, 1)]
                                for t, r, u in self.memory],
