@@ -340,9 +340,9 @@ def test_config_overrides_the_table_slopes():
     pytest.param(0, marks=pytest.mark.xfail(strict=True, reason=(
         "known miss: 128 MiB kept every 10 min under a sawtooth is not found in 3 h"))),
     pytest.param(1, marks=pytest.mark.xfail(strict=True, reason=(
-        "known misses: 12 MiB/min under an 18 s sawtooth (aliased in 15 s blocks, the "
-        "floor window falls to one block), and chained 5-10 min transients after warm-up "
-        "taken for a 24-min trend"))),
+        "known miss: 12 MiB/min under a 17 s sawtooth next to a busy process is not "
+        "found in 3 h (its block values beat against the sawtooth by a ramp's step, and "
+        "the floor window does not cover the beat)"))),
 ])
 def test_benchmark_traces_meet_the_goals(seed):
     for sc in bench.scenarios(seed, 4):
