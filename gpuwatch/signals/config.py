@@ -131,8 +131,8 @@ class LeakConfig(Section, kw_only=True):
     # Exit level and minimum hold: a warning falls back once the retained memory rose less
     # than resolve_ratio x its slope over its exit window (the scale it fired on, at least
     # exit_window_seconds, plus the floor window) for resolve_seconds; a critical once the
-    # raw lower envelope rose
-    # less than resolve_ratio x its slope on average over the last critical_resolve_seconds.
+    # raw lower envelope rose less than resolve_ratio x its slope on average over the last
+    # critical_resolve_seconds.
     resolve_ratio: Ratio = 0.5
     exit_window_seconds: PositiveFloat = 120.0
     resolve_seconds: NonNegFloat = 120.0
