@@ -15,6 +15,7 @@ with the defaults (load start ~15 s, warm-up 15 s, window 90 s).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -203,10 +204,8 @@ class Watched:
     def _thread_names(self) -> list[str]:
         names = []
         for tid in sorted(os.listdir(f"/proc/{self.proc.pid}/task")):
-            try:
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
                 names.append(Path(f"/proc/{self.proc.pid}/task/{tid}/comm").read_text().strip())
-            except OSError:
-                pass
         return names
 
     def sample_memory(self) -> None:
