@@ -158,6 +158,8 @@ class Watched:
         self.cpu0: tuple[float, float, float] | None = None
         self.cpu1: tuple[float, float, float] | None = None
         self.scrapes: list[int] = []
+        self.maps: dict[str, int] = {}  # private KiB per mapping, at the window's end
+        self.thread_names: list[str] = []
 
     def is_ready(self) -> bool:
         if self.proc.poll() is not None:
@@ -242,8 +244,8 @@ class Watched:
                 (self.cpu1[1] + self.cpu1[2] - self.cpu0[1] - self.cpu0[2]) / wall, 5),
             "window_seconds": round(wall, 1),
             "threads": self.ps.num_threads(),
-            "thread_names": getattr(self, "thread_names", []),
-            "private_kib_by_mapping": getattr(self, "maps", {}),
+            "thread_names": self.thread_names,
+            "private_kib_by_mapping": self.maps,
             "exposition_lines": self.scrapes,
             "memory_samples": [[round(t - self.memory[0][0], 1), round(r, 1), round(u, 1)]
                                for t, r, u in self.memory],
