@@ -1,8 +1,8 @@
-"""The daemon's CPU per tick on the NVML path without a GPU, side by side for several source
-trees in one run: each daemon runs over one fake GPU (tests/fake_nvml_daemon.py) whose
-process list is the same N real processes of this host, so the per-process work (psutil,
-probe files, attribution, per-process series) is the real one; only the driver's calls are
-Python fakes (on an H200 the real ones cost ~64 us per GPU and tick:
+"""The daemon's CPU per tick, and its memory at the window's end, on the NVML path without a
+GPU, side by side for several source trees in one run: each daemon runs over one fake GPU
+(tests/fake_nvml_daemon.py) whose process list is the same N real processes of this host, so
+the per-process work (psutil, probe files, attribution, per-process series) is the real one;
+only the driver's calls are Python fakes (on an H200 the real ones cost ~64 us per GPU and tick:
 results/h200-nvml-tick.json). Scraped like benchmarks/footprint.py does: from the start of
 the window on, every --scrape-every seconds.
 
@@ -104,6 +104,7 @@ def main() -> None:
                 time.sleep(min(args.scrape_every, args.seconds - elapsed))
             wall = time.monotonic() - w0
             c1 = {n: _cpu(p) for n, p in ps.items()}
+            mem = {n: p.memory_full_info() for n, p in ps.items()}
         finally:
             for _, proc, _ in daemons:
                 proc.terminate()
@@ -126,6 +127,8 @@ def main() -> None:
                         "cpu_share_of_a_core": round((c1[n][0] - c0[n][0]) / wall, 5),
                         "ms_per_tick": round(1e3 * (c1[n][0] - c0[n][0]) / ticks, 3),
                         "ms_per_tick_schedstat": round(1e3 * (c1[n][1] - c0[n][1]) / ticks, 3),
+                        "rss_mib_end": round(mem[n].rss / (1 << 20), 2),
+                        "uss_mib_end": round(mem[n].uss / (1 << 20), 2),
                         "exposition_lines": lines[n]} for n in ps},
     }, args.json)
 

@@ -8,9 +8,15 @@ from __future__ import annotations
 import os
 import sys
 
-import pytest
-
 from tests.fake_nvml import GIB, FakeGpu, FakeNvml, proc
+
+
+class _Patch:
+    """What FakeNvml.install needs of pytest's monkeypatch, without importing pytest into
+    the daemon (benchmarks measure this process's memory)."""
+
+    def setattr(self, target, name, value) -> None:
+        setattr(target, name, value)
 
 
 class FileGpu(FakeGpu):
@@ -32,7 +38,7 @@ class FileGpu(FakeGpu):
 
 
 def main() -> None:
-    FakeNvml([FileGpu(0)]).install(pytest.MonkeyPatch())
+    FakeNvml([FileGpu(0)]).install(_Patch())
     from gpuwatch.cli import main as cli
 
     sys.argv[0] = "gpuwatch"
