@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -11,6 +10,7 @@ import click
 
 from gpuwatch import __version__, exitcodes
 from gpuwatch import config as config_mod
+from gpuwatch.lean_asyncio import asyncio  # before anything else imports asyncio
 
 SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "leak-start", "fill",
                   "fragmentation", "mixed", "large", "kubernetes")

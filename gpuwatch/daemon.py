@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import socket
-import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +41,8 @@ from gpuwatch.sources.sampler import GpuSampler, make_backend
 from gpuwatch.thresholds import ThresholdsError
 
 if TYPE_CHECKING:
+    import ssl
+
     from gpuwatch import webconfig
     from gpuwatch.eventslog import EventsLog
     from gpuwatch.recording import Recorder
@@ -443,7 +444,7 @@ class Daemon:
     def _reload_web(self, wc: webconfig.WebConfig, context: ssl.SSLContext | None) -> None:
         try:
             restart = self.guard.update(wc, context)
-        except (ssl.SSLError, OSError, WebConfigError) as exc:  # changed since read
+        except (OSError, WebConfigError) as exc:  # changed since read (ssl.SSLError too)
             log.error("web config reload rejected, keeping the current one: %s", exc)
             return
         if self.listener is not None:

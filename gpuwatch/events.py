@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import msgspec
 
 from gpuwatch.safetext import encode_json
+
+try:  # hashlib's own blake2b; hashlib itself would load OpenSSL's libcrypto (3 MiB) for it
+    from _blake2 import blake2b
+except ImportError:  # pragma: no cover - a Python built without it
+    from hashlib import blake2b
 
 SIGNALS = (
     "memory_leak",
@@ -75,7 +78,7 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
         what the event says, so a live run and the replay of its recording agree."""
         text = repr((self.t, self.signal, self.state, self.severity, self.gpu_uuid, self.pid,
                      self.engine, ref))
-        digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+        digest = blake2b(text.encode(), digest_size=8).hexdigest()
         return msgspec.structs.replace(self, id=digest, ref=ref)
 
 

@@ -40,6 +40,8 @@ NOT_IN_A_DEFAULT_RUN = {
     "gzip": "only a .gz recording",
     "secrets": "tokens are os.urandom's",
     "encodings.idna": "the listen address is resolved as ASCII bytes",
+    "_ssl": "asyncio's TLS (and OpenSSL), only once a web configuration or a client needs it",
+    "_hashlib": "OpenSSL's libcrypto: event ids are hashlib's own blake2b, without it",
     "gpuwatch.views.cli": "`gpuwatch report` and `status`: commands are imported when named",
     "gpuwatch.monitoring": "`gpuwatch alerts` and `dashboards`, the same",
     "gpuwatch.nodehealth.npd": "`gpuwatch npd`, the same",

@@ -27,16 +27,18 @@ import errno
 import logging
 import os
 import socket
-import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch.admission import client_key
 from gpuwatch.exporter.families.http import CLOSE_REASONS
 from gpuwatch.exporter.sockets import bind, descriptor_cap, smaller_tls_buffers
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger("gpuwatch.http")
 
