@@ -10,22 +10,9 @@ import click
 
 from gpuwatch import __version__, exitcodes
 from gpuwatch import config as config_mod
-from gpuwatch.lean_asyncio import asyncio  # before anything else imports asyncio
 
 SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "leak-start", "fill",
                   "fragmentation", "mixed", "large", "kubernetes")
-
-
-def _setup_logging(level: str) -> None:
-    from gpuwatch.logfmt import LogFormatter
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogFormatter())
-    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    from gpuwatch.redact import install_log_filter
-
-    install_log_filter()  # no handler writes a configured secret or URL credentials
 
 
 def _load(config_file: str | None, overrides: dict) -> config_mod.Config:
@@ -36,9 +23,9 @@ def _load(config_file: str | None, overrides: dict) -> config_mod.Config:
 
 
 def _config_error(exc: config_mod.ConfigError):
-    from gpuwatch.redact import scrub_text
+    from gpuwatch.serve import config_error_line
 
-    click.echo(f"gpuwatch: configuration error: {scrub_text(str(exc))}", err=True)
+    click.echo(config_error_line(exc), err=True)
     sys.exit(exitcodes.USAGE)
 
 
@@ -93,8 +80,9 @@ class _Cli(click.Group):
         except KeyboardInterrupt:
             sys.exit(130)
         except Exception as exc:  # a bug: one line to report, not a traceback to scroll
-            click.echo(f"gpuwatch: internal error: {type(exc).__name__}: "
-                       f"{_one_line(str(exc))[:500]}", err=True)
+            from gpuwatch.serve import internal_error
+
+            click.echo(internal_error(exc), err=True)
             sys.exit(exitcodes.FAILURE)
         sys.exit(rv if isinstance(rv, int) else exitcodes.OK)
 
@@ -164,21 +152,18 @@ def run(config_file, listen, simulate, seed, host_name, record, dry_run, engine_
         overrides["remediation"] = {"dry_run": True}
     if engine_urls:
         overrides["engines"] = _engines_from_flags(config_file, engine_urls)
-    cfg = _load(config_file, overrides)
-    web = _validated_files(cfg)
-    probe = _probe_dir_verdict(cfg)
-    if probe is not None and probe.status == "fail":
-        click.echo(f"gpuwatch: probe directory: {probe.detail} ({probe.fix})", err=True)
-        sys.exit(exitcodes.USAGE)
-    _setup_logging(cfg.log_level)
-    if probe is not None and probe.status == "warn":
-        logging.getLogger("gpuwatch").warning("probe directory: %s", probe.detail)
-    from gpuwatch.daemon import Daemon
-    from gpuwatch.lifecycle import fewer_malloc_arenas
+    from gpuwatch import serve
 
-    fewer_malloc_arenas()
-    daemon = Daemon(cfg, config_path=config_file, overrides=overrides, web=web)
-    sys.exit(asyncio.run(daemon.run()))
+    quiet = logging.getLogger("gpuwatch.config")
+    quiet.disabled = True  # its warnings are the served process's to say, once
+    try:  # here first: a misuse fails in this process, before the exec
+        serve.checked(config_file, overrides)
+    except serve.StartError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(exitcodes.USAGE)
+    finally:
+        quiet.disabled = False
+    serve.start(config_file, overrides)
 
 
 def _validated_files(cfg: config_mod.Config):
@@ -190,15 +175,6 @@ def _validated_files(cfg: config_mod.Config):
         return validate_files(cfg)
     except SetupError as exc:
         _config_error(config_mod.ConfigError(str(exc)))
-
-
-def _probe_dir_verdict(cfg: config_mod.Config):
-    if not cfg.probe.enabled or cfg.simulate:
-        return None
-    from gpuwatch.probe_channel.config import resolve_dir
-    from gpuwatch.startup import probe_dir_verdict
-
-    return probe_dir_verdict(resolve_dir(cfg.probe.dir))
 
 
 def _engines_from_flags(config_file: str | None, urls: tuple[str, ...]) -> list[dict]:

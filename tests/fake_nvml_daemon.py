@@ -39,6 +39,11 @@ class FileGpu(FakeGpu):
 
 def main() -> None:
     FakeNvml([FileGpu(0)]).install(_Patch())
+    from gpuwatch import serve
+
+    if serve.SPEC in os.environ:  # the daemon's own process, after `run`'s exec
+        serve.main()
+    serve.MODULE = __spec__.name
     from gpuwatch.cli import main as cli
 
     sys.argv[0] = "gpuwatch"

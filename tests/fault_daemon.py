@@ -46,8 +46,10 @@ def main(argv: list[str]) -> int:
             gpus[1].fail.pop("ecc", None)
             pynvml.nvmlDeviceGetTotalEccErrors = (
                 lambda h, e, c: n if e == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else 0)
+    from gpuwatch import serve
     from gpuwatch.cli import main as cli
 
+    serve.IN_PROCESS = True  # the faults are patched into this process
     return cli.main(["run", *argv[split + 1:]], standalone_mode=False) or 0
 
 

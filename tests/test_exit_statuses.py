@@ -92,7 +92,8 @@ def test_bind_errors_that_cannot_heal_are_2_and_a_busy_port_is_75(tmp_path):
 
 # gpuwatch as an ordinary user: every module a root run of the same command imported is
 # imported first, as root (the interpreter may live in root's home, which that user cannot
-# read), then the uid is dropped and the command runs.
+# read), then the uid is dropped and the command runs, `run` serving in this process (its
+# exec would start an interpreter that user cannot read).
 AS_USER = """
 import atexit, importlib, os, sys
 mods, uid = sys.argv[1], int(sys.argv[2])
@@ -105,7 +106,9 @@ if uid:
     os.setgroups([]); os.setgid(uid); os.setuid(uid)
 else:
     atexit.register(lambda: open(mods, "w").write("\\n".join(sorted(sys.modules))))
+import gpuwatch.serve
 from gpuwatch.cli import main
+gpuwatch.serve.IN_PROCESS = True
 sys.argv = ["gpuwatch", *sys.argv[3:]]
 main()
 """

@@ -1,6 +1,7 @@
 """What a default daemon imports: the real `gpuwatch run` under `python -X importtime`, which
 names every module as it is first imported, for the whole life of the process: startup,
-ticks, and a scrape of every endpoint. What a default run does not use stays out (its memory
+ticks, and a scrape of every endpoint. `run` checks its flags, then execs the daemon's own
+process (gpuwatch.serve), whose imports are the ones that stay. What a default run does not use stays out (its memory
 is most of the daemon's own; see benchmarks/footprint.py)."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ pytestmark = pytest.mark.integration
 
 # Each is imported on first use by what needs it, and a default run needs none of them.
 NOT_IN_A_DEFAULT_RUN = {
+    "click": "the command line: `run` execs the daemon's own process, which never imports it",
+    "gpuwatch.cli": "the same",
     "yaml": "only a web configuration file is YAML",
     "grpc": "the kubelet's pod-resources client, only where its socket exists",
     "google.protobuf": "the same",
@@ -87,7 +90,9 @@ def test_default_daemon_imports_nothing_it_does_not_use(tmp_path):
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr[-3000:]
-    modules = _imported(stderr)
+    header = "import time: self [us] | cumulative | imported package"
+    assert stderr.count(header) == 2, "run did not exec the daemon's own process"
+    modules = _imported(stderr.rpartition(header)[2])
     assert "gpuwatch.daemon" in modules and "gpuwatch.exporter.server" in modules
     loaded = {name: why for name, why in NOT_IN_A_DEFAULT_RUN.items()
               if any(m == name or m.startswith(name + ".") for m in modules)}

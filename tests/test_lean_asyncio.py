@@ -77,8 +77,8 @@ def test_nothing_is_held_back_where_ssl_came_first(pki):
         "False", "OVER", "TLS", "UPGRADED", "True"]
 
 
-def test_the_command_line_holds_it_back():
-    code = ("import sys, gpuwatch.cli, gpuwatch.daemon; "
+def test_the_daemons_own_process_holds_it_back():
+    code = ("import sys, gpuwatch.serve, gpuwatch.daemon; "
             "print(sorted(m for m in ('ssl', '_ssl', 'hashlib', '_hashlib') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=child_env(),
                        capture_output=True, text=True, timeout=60)
