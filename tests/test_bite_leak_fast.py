@@ -33,8 +33,10 @@ def reference(samples, window_s, threshold, parts=4, step_ratio=0.5):
         if (rate >= threshold and min(steps) >= step_ratio * threshold * part
                 and max(steps) <= 0.5 * (m[-1] - m[0])):
             best = rate if best is None else max(best, rate)
-    if best is not None and (lo[-1] - lo[0]) / ((parts - 1) * part) < step_ratio * threshold:
-        return None  # only the maxima climbed: the minima must rise too
+    step = step_ratio * threshold * part
+    if best is not None and ((lo[-1] - lo[0]) / ((parts - 1) * part) < step_ratio * threshold
+                             or sum(b - a >= step for a, b in pairwise(lo)) < 2):
+        return None  # only the maxima climbed: the minima must rise too, in two steps or more
     return best
 
 
