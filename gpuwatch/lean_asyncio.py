@@ -33,8 +33,9 @@ def _give_back(ssl_module) -> None:
 
 
 class _Loader:  # a loader, not importlib.abc's: that imports importlib.resources
-    def __init__(self, inner) -> None:
+    def __init__(self, inner, watch) -> None:
         self.inner = inner
+        self.watch = watch
 
     def __getattr__(self, name):  # get_source, get_filename...: the file loader's own
         return getattr(self.inner, name)
@@ -45,17 +46,19 @@ class _Loader:  # a loader, not importlib.abc's: that imports importlib.resource
     def exec_module(self, module) -> None:
         self.inner.exec_module(module)
         _give_back(module)
+        if self.watch in sys.meta_path:  # once: ssl is in sys.modules from now on
+            sys.meta_path.remove(self.watch)
 
 
 class _Watch:  # a meta path finder
     def find_spec(self, name, path=None, target=None):
-        if name != "ssl":
+        # a spec asked for without an import (importlib.util.find_spec) keeps the watch
+        if name != "ssl" or "ssl" in sys.modules:
             return None
-        sys.meta_path.remove(self)  # one hand-back: ssl is then in sys.modules
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _Loader(spec.loader)
+        spec.loader = _Loader(spec.loader, self)
         return spec
 
 

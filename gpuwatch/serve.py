@@ -31,7 +31,8 @@ def start(config_file: str | None, overrides: dict) -> None:
     """Serve, in a fresh interpreter that replaces this process; returns only where that
     cannot be (then: in this process)."""
     executable = sys.executable
-    if IN_PROCESS or not executable:
+    # from a zip archive (or with no interpreter to run) `-m` would not find this package
+    if IN_PROCESS or not executable or not os.path.isfile(__file__):
         sys.exit(serve(config_file, overrides))
     spec = {"config_file": config_file, "overrides": overrides}
     env = {**os.environ, SPEC: msgspec.json.encode(spec).decode()}

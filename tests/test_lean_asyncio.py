@@ -68,8 +68,13 @@ def _run(first: str, pki) -> list[str]:
     return r.stdout.split()
 
 
-def test_asyncio_comes_without_ssl_and_tls_works_once_ssl_is_imported(pki):
-    assert _run("import gpuwatch.lean_asyncio", pki) == ["True", "OVER", "TLS", "UPGRADED", "True"]
+@pytest.mark.parametrize("first", [
+    "import gpuwatch.lean_asyncio",
+    # asking where ssl is, without importing it, leaves the hand-back to the import
+    "import gpuwatch.lean_asyncio, importlib.util; assert importlib.util.find_spec('ssl')",
+])
+def test_asyncio_comes_without_ssl_and_tls_works_once_ssl_is_imported(pki, first):
+    assert _run(first, pki) == ["True", "OVER", "TLS", "UPGRADED", "True"]
 
 
 def test_nothing_is_held_back_where_ssl_came_first(pki):

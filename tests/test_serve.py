@@ -68,3 +68,24 @@ def test_a_configuration_broken_after_the_check_is_one_line_and_2(tmp_path, caps
     assert serve.serve(str(cfg), {"simulate": "steady"}) == exitcodes.USAGE
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("gpuwatch: configuration error: ") and "fast_interval" in line
+
+
+def test_from_a_zip_archive_it_serves_in_the_same_interpreter(monkeypatch):
+    served = []
+    monkeypatch.setattr(serve, "__file__", "/srv/gpuwatch.pyz/gpuwatch/serve.py")
+    monkeypatch.setattr(serve, "serve", lambda *a: served.append(a) or 0)
+    monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("exec from a zip archive"))
+    with pytest.raises(SystemExit) as exit_:
+        serve.start(None, {"seed": 1})
+    assert exit_.value.code == 0 and served == [(None, {"seed": 1})]
+
+
+def test_the_exec_carries_the_interpreter_flags_and_the_handover(monkeypatch):
+    called = []
+    monkeypatch.setattr(os, "execve", lambda *a: called.append(a) or sys.exit(0))
+    with pytest.raises(SystemExit):
+        serve.start("/etc/gpuwatch.toml", {"listen": ":9400"})
+    (executable, argv, env), = called
+    assert executable == sys.executable and argv[-2:] == ["-m", "gpuwatch.serve"]
+    assert argv[1:-2] == subprocess._args_from_interpreter_flags()
+    assert env[serve.SPEC] == '{"config_file":"/etc/gpuwatch.toml","overrides":{"listen":":9400"}}'
