@@ -1,8 +1,8 @@
 """The daemon's own process image. `gpuwatch run` checks its flags and its configuration, then
-replaces itself (exec: the same pid, the same descriptors and environment) with
+replaces itself (exec: the same pid, environment and standard streams) with
 `python -m gpuwatch.serve`, which loads that configuration again and serves. The command line
 (click, and the code of every other command) then never sits in the daemon's memory for its
-whole life: about 1.2 MiB of resident memory, a daemon's on every GPU host.
+whole life: about 1.1 MiB of resident memory, a daemon's on every GPU host.
 
 What `run` parsed travels in one environment variable, removed again before anything else
 runs, so the daemon's children (exec hooks) never see it.
@@ -59,7 +59,7 @@ def _interpreter_flags() -> list[str]:
 
 
 class StartError(Exception):
-    """One line for stderr, and the exit status (2: a misuse; a restart does not help)."""
+    """One line for stderr; exit status 2 (a misuse: a restart does not help)."""
 
 
 def checked(config_file: str | None, overrides: dict):
