@@ -1,8 +1,8 @@
 """What a default daemon imports: the real `gpuwatch run` under `python -X importtime`, which
 names every module as it is first imported, for the whole life of the process: startup,
 ticks, and a scrape of every endpoint. `run` checks its flags, then execs the daemon's own
-process (gpuwatch.serve), whose imports are the ones that stay. What a default run does not use stays out (its memory
-is most of the daemon's own; see benchmarks/footprint.py)."""
+process (gpuwatch.serve), whose imports are the ones that stay. What a default run does not
+use stays out (its memory is most of the daemon's own; see benchmarks/footprint.py)."""
 
 from __future__ import annotations
 
