@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from gpuwatch import __version__, exitcodes
+from gpuwatch import __version__, exitcodes, serve
 from gpuwatch import config as config_mod
 
 SCENARIO_NAMES = ("steady", "leak", "leak-fixed", "leak-early", "leak-start", "fill",
@@ -23,14 +23,8 @@ def _load(config_file: str | None, overrides: dict) -> config_mod.Config:
 
 
 def _config_error(exc: config_mod.ConfigError):
-    from gpuwatch.serve import config_error_line
-
-    click.echo(config_error_line(exc), err=True)
+    click.echo(serve.config_error_line(exc), err=True)
     sys.exit(exitcodes.USAGE)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 # Commands that live with their subsystems, imported when named: the daemon (`run`) never
@@ -69,10 +63,10 @@ class _Cli(click.Group):
                               standalone_mode=False, **extra)
         except click.UsageError as exc:  # bad flag, value, argument or command
             where = exc.ctx.command_path if exc.ctx else "gpuwatch"
-            click.echo(f"{where}: {_one_line(exc.format_message())}", err=True)
+            click.echo(f"{where}: {serve.one_line(exc.format_message())}", err=True)
             sys.exit(exitcodes.USAGE)
         except click.ClickException as exc:  # e.g. a file argument that cannot be opened
-            click.echo(f"gpuwatch: {_one_line(exc.format_message())}", err=True)
+            click.echo(f"gpuwatch: {serve.one_line(exc.format_message())}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:  # Ctrl-C at a prompt or during a command
             click.echo("gpuwatch: interrupted", err=True)
@@ -80,15 +74,13 @@ class _Cli(click.Group):
         except KeyboardInterrupt:
             sys.exit(130)
         except Exception as exc:  # a bug: one line to report, not a traceback to scroll
-            from gpuwatch.serve import internal_error
-
-            click.echo(internal_error(exc), err=True)
+            click.echo(serve.internal_error(exc), err=True)
             sys.exit(exitcodes.FAILURE)
         sys.exit(rv if isinstance(rv, int) else exitcodes.OK)
 
 
 def _bad(param: str, reason: str) -> click.BadParameter:
-    return click.BadParameter(_one_line(reason), param_hint=param)
+    return click.BadParameter(serve.one_line(reason), param_hint=param)
 
 
 def _check_listen(ctx, param, value):
@@ -152,8 +144,6 @@ def run(config_file, listen, simulate, seed, host_name, record, dry_run, engine_
         overrides["remediation"] = {"dry_run": True}
     if engine_urls:
         overrides["engines"] = _engines_from_flags(config_file, engine_urls)
-    from gpuwatch import serve
-
     quiet = logging.getLogger("gpuwatch.config")
     quiet.disabled = True  # its warnings are the served process's to say, once
     try:  # here first: a misuse fails in this process, before the exec

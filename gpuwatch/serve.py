@@ -125,9 +125,13 @@ def setup_logging(level: str) -> None:
     install_log_filter()  # no handler writes a configured secret or URL credentials
 
 
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def internal_error(exc: BaseException) -> str:
     """A bug, as one line to report rather than a traceback to scroll."""
-    return f"gpuwatch: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+    return f"gpuwatch: internal error: {type(exc).__name__}: {one_line(str(exc))[:500]}"
 
 
 def main() -> None:
