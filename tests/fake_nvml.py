@@ -24,7 +24,9 @@ class FakeGpu:
         self.total = total
         self.used = 10 * GIB
         self.reserved = 512 * 1024**2
-        self.processes: list[SimpleNamespace] = []
+        self.processes: list[SimpleNamespace] = []  # the compute list
+        self.graphics_processes: list[SimpleNamespace] = []
+        self.mps_processes: list[SimpleNamespace] = []
         # MIG: None = the GPU has no MIG (NotSupported); else the slots, None = empty slot.
         self.mig_slots: list[FakeMig | None] | None = None
         self.mig_enabled = False
@@ -65,6 +67,8 @@ class FakeNvml:
         self.init_error = init_error
         self.calls: collections.Counter[str] = collections.Counter()
         self.events: list[SimpleNamespace] = []
+        # C entry points this driver lacks (an older one): _nvmlGetFunctionPointer fails
+        self.missing_symbols: set[str] = set()
 
     def _call(self, field: str, handle: FakeGpu):
         self.calls[(field, handle.index)] += 1
@@ -94,11 +98,45 @@ class FakeNvml:
                 return value(h, *args) if callable(value) else value
             return fn
 
+        def listed(h, kind: str) -> list[SimpleNamespace]:
+            return list(h.processes if kind == "compute"
+                        else getattr(h, f"{kind}_processes", []))
+
         def procs(field):
             def fn(h):
                 f._call(field, h)
-                return list(h.processes) if field == "compute" else []
+                return listed(h, field.removesuffix("_v2"))
             return fn
+
+        def c_procs(kind):
+            """The v3 C entry point: count in and out, the buffer filled when it is large
+            enough (the driver's contract, as pynvml's wrapper relies on it)."""
+            def fn(h, count_ref, buf):
+                try:
+                    f._call(kind, h)
+                except P.NVMLError as exc:
+                    return exc.value
+                count = count_ref._obj
+                ps = listed(h, kind)
+                if buf is None or count.value < len(ps):
+                    count.value = len(ps)
+                    return P.NVML_SUCCESS if not ps else P.NVML_ERROR_INSUFFICIENT_SIZE
+                for i, p in enumerate(ps):
+                    buf[i].pid = p.pid
+                    buf[i].usedGpuMemory = (P.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+                                            if p.usedGpuMemory is None else p.usedGpuMemory)
+                count.value = len(ps)
+                return P.NVML_SUCCESS
+            return fn
+
+        c_symbols = {f"nvmlDevice{fn}RunningProcesses_v3": c_procs(kind)
+                     for kind, fn in (("compute", "GetCompute"), ("graphics", "GetGraphics"),
+                                      ("mps", "GetMPSCompute"))}
+
+        def fn_pointer(name):
+            if name in f.missing_symbols or name not in c_symbols:
+                raise err(P.NVML_ERROR_FUNCTION_NOT_FOUND)
+            return c_symbols[name]
 
         def wait(es, timeout):
             if f.events:
@@ -253,6 +291,7 @@ class FakeNvml:
             "nvmlDeviceGetGraphicsRunningProcesses": procs("graphics"),
             "nvmlDeviceGetMPSComputeRunningProcesses": procs("mps"),
             "nvmlDeviceGetComputeRunningProcesses_v2": procs("compute_v2"),
+            "_nvmlGetFunctionPointer": fn_pointer,
             "nvmlDeviceGetTotalEnergyConsumption": simple("energy", 5_000_000),
             "nvmlDeviceGetPcieThroughput": simple("pcie", 1000),
             "nvmlEventSetCreate": lambda: object(),

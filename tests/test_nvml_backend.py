@@ -102,6 +102,8 @@ def test_library_mismatch_on_process_list_falls_back_to_v2(two_gpus, monkeypatch
         raise pynvml.NVMLLibraryMismatchError("unversioned function")
 
     assert not issubclass(pynvml.NVMLLibraryMismatchError, pynvml.NVMLError)
+    # an older driver: no v3 entry point, and pynvml's unversioned wrapper needs it
+    fake.missing_symbols.add("nvmlDeviceGetComputeRunningProcesses_v3")
     monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", mismatch)
     fake.gpus[0].processes = [proc(4242, GIB)]
 
@@ -113,6 +115,85 @@ def test_library_mismatch_on_process_list_falls_back_to_v2(two_gpus, monkeypatch
     assert [p.pid for p in backend.sample(0)[0].processes] == [4242]
     assert [p.pid for p in backend.sample(0)[0].processes] == [4242]
     assert fake.calls[("compute_v2", 0)] == 2
+
+
+def test_each_process_list_is_one_driver_call(two_gpus):
+    fake, backend = two_gpus
+    backend.sample(0)
+    before = fake.calls.copy()
+    backend.sample(0)
+    # compute, graphics and MPS: one call each (pynvml's wrappers ask the count first)
+    assert fake.calls[("compute", 0)] - before[("compute", 0)] == 1
+
+
+def test_process_list_buffer_grows_as_processes_come(two_gpus):
+    fake, backend = two_gpus
+    many = [proc(100_000 + i, (i + 1) * GIB if i % 7 else None) for i in range(50)]
+    fake.gpus[0].processes = many
+    before = fake.calls[("compute", 0)]
+    got = {p.pid: p.used_memory_bytes for p in backend.sample(0)[0].processes}
+    assert got == {p.pid: p.usedGpuMemory for p in many}  # none lost, unknown stays None
+    assert fake.calls[("compute", 0)] - before == 2  # too small once, then large enough
+    many.append(proc(99_999, GIB))  # room was left for more
+    before = fake.calls[("compute", 0)]
+    assert len(backend.sample(0)[0].processes) == 51
+    assert fake.calls[("compute", 0)] - before == 1
+
+
+def test_process_list_error_is_no_processes_this_tick(two_gpus):
+    fake, backend = two_gpus
+    fake.gpus[0].processes = [proc(4242, GIB)]
+    fake.gpus[0].fail["compute"] = err(pynvml.NVML_ERROR_UNKNOWN)
+    assert backend.sample(0)[0].processes == []
+    del fake.gpus[0].fail["compute"]
+    assert [p.pid for p in backend.sample(0)[0].processes] == [4242]
+
+
+def test_lost_gpu_in_process_list_is_isolated(two_gpus):
+    fake, backend = two_gpus
+    fake.gpus[0].fail["compute"] = err(pynvml.NVML_ERROR_GPU_IS_LOST)
+    assert backend.sample(0)[0].lost
+
+
+def test_empty_graphics_and_mps_lists_are_asked_again_after_a_while(monkeypatch):
+    from gpuwatch.sources.process_lists import QUIET_RECHECK_SECONDS
+
+    gpu = FakeGpu(0)
+    fake = FakeNvml([gpu])
+    fake.install(monkeypatch)
+    now = [0.0]
+    backend = NvmlBackend(xid_events=False, clock=lambda: now[0])
+    backend.open()
+
+    def tick(t):
+        now[0] = t
+        before = fake.calls.copy()
+        pids = {p.pid: p for p in backend.sample(t)[0].processes}
+        asked = {k for k in ("compute", "graphics", "mps")
+                 if fake.calls[(k, 0)] > before[(k, 0)]}
+        return pids, asked
+
+    assert tick(0.0)[1] == {"compute", "graphics", "mps"}
+    assert tick(1.0)[1] == {"compute"}  # the empty lists wait; compute is read every tick
+    gpu.graphics_processes = [proc(4343, GIB)]  # a process with a graphics context only
+    pids, asked = tick(QUIET_RECHECK_SECONDS - 1)
+    assert 4343 not in pids and asked == {"compute"}
+    pids, asked = tick(QUIET_RECHECK_SECONDS)
+    assert pids[4343].type == "graphics" and asked == {"compute", "graphics", "mps"}
+    pids, asked = tick(QUIET_RECHECK_SECONDS + 1)  # a list with processes: every tick
+    assert 4343 in pids and asked == {"compute", "graphics"}
+    gpu.graphics_processes = []
+    assert tick(QUIET_RECHECK_SECONDS + 2)[1] == {"compute", "graphics"}
+    assert tick(QUIET_RECHECK_SECONDS + 3)[1] == {"compute"}  # empty again: it waits
+
+
+def test_pid_in_two_lists_keeps_first_kind_and_largest_figure(two_gpus):
+    fake, backend = two_gpus
+    fake.gpus[0].processes = [proc(4242, GIB)]
+    fake.gpus[0].graphics_processes = [proc(4242, 3 * GIB), proc(4343, None)]
+    procs = {p.pid: p for p in backend.sample(0)[0].processes}
+    assert procs[4242].type == "compute" and procs[4242].used_memory_bytes == 3 * GIB
+    assert procs[4343].type == "graphics" and procs[4343].used_memory_bytes is None
 
 
 def test_mismatch_without_fallback_is_remembered(two_gpus, monkeypatch):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from gpuwatch.model import GpuSample, ProbeSample
 from gpuwatch.sources.base import BackendUnavailable
 from gpuwatch.sources.gpu_depth import make_collectors
 from gpuwatch.sources.gpu_depth.mig import MigDevice, read_mig
+from gpuwatch.sources.process_lists import KINDS, ProcessList
 from gpuwatch.sources.processes import ProcessInfo
 from gpuwatch.xid import describe
 
@@ -57,6 +59,7 @@ class _Device:
         self.fast = [c for c in collectors if c.tier == "fast"]
         self.mig: list[MigDevice] = []  # refreshed by the slow tier
         self.mig_devices: dict[str, _Device] = {}  # MIG uuid -> its own unsupported memory
+        self.lists = [ProcessList(kind) for kind in KINDS]
 
     def get(self, field: str, fn: Callable, *args: Any, fallback: Callable | None = None) -> Any:
         """One NVML call; None when unsupported (remembered) or failing this time.
@@ -98,22 +101,16 @@ class _MigHandle(_Device):
         self.unsupported = set()
         self.lost = False
         self.fallbacks = {}
-
-
-# Process lists: the unversioned wrapper (v3) and the v2 fallback for older drivers
-# (looked up by name at call time).
-_PROCESS_LISTS = {
-    kind: (f"nvmlDevice{fn}RunningProcesses", f"nvmlDevice{fn}RunningProcesses_v2")
-    for kind, fn in (("compute", "GetCompute"), ("graphics", "GetGraphics"),
-                     ("mps", "GetMPSCompute"))
-}
+        self.lists = [ProcessList(kind) for kind in KINDS]
 
 
 class NvmlBackend:
     name = "nvml"
 
-    def __init__(self, only: list[int] | None = None, xid_events: bool = True) -> None:
+    def __init__(self, only: list[int] | None = None, xid_events: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.only = set(only or [])
+        self._clock = clock  # when an empty process list is due again
         self.xid_events = xid_events
         self.driver_version = ""
         self.devices: list[_Device] = []
@@ -323,17 +320,21 @@ class NvmlBackend:
         return s
 
     def _processes(self, dev: _Device) -> list:
+        now = self._clock()
         found: dict[int, tuple[int | None, str]] = {}
-        for kind, (latest, v2) in _PROCESS_LISTS.items():
-            field = f"processes_{kind}"
-            fn = dev.fallbacks.get(field) or getattr(pynvml, latest)
-            procs = dev.get(field, fn, fallback=getattr(pynvml, v2))
-            for p in procs or ():
-                # usedGpuMemory is None where the driver cannot tell (WDDM, some MIG setups);
-                # a pid in several lists keeps its first kind (compute before graphics).
-                prev_used, first_kind = found.get(p.pid, (None, kind))
-                known = [u for u in (prev_used, p.usedGpuMemory) if u is not None]
-                found[p.pid] = (max(known) if known else None, first_kind)
+        for lst in dev.lists:
+            if not lst.due(now):
+                continue
+            field = f"processes_{lst.kind}"
+            entries = dev.get(field, dev.fallbacks.get(field) or lst.reader(),
+                              fallback=lst.read_v2)
+            lst.answered(entries, now)
+            for pid, used in entries or ():
+                # used is None where the driver cannot tell (WDDM, some MIG setups); a pid
+                # in several lists keeps its first kind (compute before graphics).
+                prev_used, first_kind = found.get(pid, (None, lst.kind))
+                known = [u for u in (prev_used, used) if u is not None]
+                found[pid] = (max(known) if known else None, first_kind)
         return [
             self._procinfo.describe(pid, None if used is None else int(used), kind)
             for pid, (used, kind) in sorted(found.items())
