@@ -248,7 +248,14 @@ def test_lost_gpu_and_uncorrectable_ecc_reach_npd_and_nvsentinel_from_a_real_dae
     d, url = fault_daemon(tmp_path, ["--lost", "--ecc-uncorrected", "2"],
                           socket_path=connector.path)
     try:
-        conditions, events = npd_pass(url)
+        seen: list = []
+
+        def ecc_read():  # ECC totals come with the slow tier's first read, a tick or two in
+            seen[:] = npd_pass(url)
+            return seen[0]["GpuwatchGpuUnhealthy"][1].startswith("ECC_UNCORRECTABLE")
+
+        wait_until(ecc_read, 20, what="the slow tier's first read")
+        conditions, events = seen
         status, message = conditions["GpuwatchGpuUnhealthy"]
         assert status == "True" and message.startswith("ECC_UNCORRECTABLE: GPU 0 (GPU-fake-0)")
         assert message.endswith("(+1 more)") and events == []

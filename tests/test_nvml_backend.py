@@ -37,9 +37,20 @@ def test_units_and_identity(two_gpus):
     assert g.sm_clock_hz == 1980e6 and g.memory_clock_hz == 3201e6
     assert g.temperature_celsius == 51
     assert g.clocks_event_reasons == 0x4
-    assert g.ecc_volatile_corrected_total == 3 and g.ecc_volatile_uncorrected_total == 0
-    assert g.remapped_rows_correctable == 1 and g.remapped_rows_pending is False
     assert backend.driver_version == "580.159.03"
+
+
+def test_settled_state_is_read_on_the_slow_tier_only(two_gpus):
+    fake, backend = two_gpus
+    backend.sample(0)
+    asked = {k for (k, _), n in fake.calls.items() if n}
+    # once a second each costs tens of microseconds in the driver; they change on events
+    assert not asked & {"power_limit", "ecc", "remapped"}
+    slow = backend.sample_slow(0)["GPU-fake-0"]
+    assert slow["power_limit_watts"] == pytest.approx(700.0)
+    assert slow["ecc_volatile_corrected_total"] == 3
+    assert slow["ecc_volatile_uncorrected_total"] == 0
+    assert slow["remapped_rows_correctable"] == 1 and slow["remapped_rows_pending"] is False
 
 
 def test_processes_joined_with_host_and_unknown_memory(two_gpus):
@@ -344,3 +355,30 @@ def test_the_sampling_thread_waits_for_the_loop_and_stops(monkeypatch):
     assert len(got) == 3  # one more per done()
     gpus, _ = sampler.take(got[0])
     assert [g.uuid for g in gpus] == ["GPU-fake-0"] and sampler.status.up
+
+
+def test_slow_tier_reads_as_soon_as_the_backend_opens(two_gpus):
+    """Its fields (the power limit, ECC) are absent until its first read: that read comes as
+    soon as the backend is open, not one slow interval later."""
+    from gpuwatch.sources.sampler import GpuSampler
+
+    _, backend = two_gpus
+    sampler = GpuSampler(backend, SourceStatus(), 60.0)
+
+    async def go():
+        task = asyncio.create_task(sampler.slow_loop(3600.0, SourceStatus()))
+        await sampler.sample(0.0)  # the fast tier opens the backend
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            gpus = await sampler.sample(1.0)
+            if gpus[0].power_limit_watts is not None:
+                break
+        task.cancel()
+        return gpus
+
+    try:
+        gpus = asyncio.run(go())
+    finally:
+        sampler.close()
+    assert gpus[0].power_limit_watts == pytest.approx(700.0)
+    assert gpus[0].ecc_volatile_corrected_total == 3

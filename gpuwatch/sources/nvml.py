@@ -263,9 +263,6 @@ class NvmlBackend:
         power = dev.get("power", pynvml.nvmlDeviceGetPowerUsage)
         if power is not None:
             s.power_watts = power / 1000.0
-        limit = dev.get("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit)
-        if limit is not None:
-            s.power_limit_watts = limit / 1000.0
         sm = dev.get("sm_clock", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
         if sm is not None:
             s.sm_clock_hz = sm * 1e6
@@ -275,24 +272,9 @@ class NvmlBackend:
         s.clocks_event_reasons = dev.get(
             "clocks_event_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons
         )
-        s.ecc_volatile_corrected_total = dev.get(
-            "ecc_corrected", pynvml.nvmlDeviceGetTotalEccErrors,
-            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC,
-        )
-        s.ecc_volatile_uncorrected_total = dev.get(
-            "ecc_uncorrected", pynvml.nvmlDeviceGetTotalEccErrors,
-            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC,
-        )
         for c in dev.fast:
             for field, value in c.read(dev).items():
                 setattr(s, field, value)
-        rows = dev.get("remapped_rows", pynvml.nvmlDeviceGetRemappedRows)
-        if rows is not None:
-            corr, unc, pending, failure = rows
-            s.remapped_rows_correctable = int(corr)
-            s.remapped_rows_uncorrectable = int(unc)
-            s.remapped_rows_pending = bool(pending)
-            s.remapped_rows_failure = bool(failure)
         # With MIG on, processes belong to their instances (sampled below), never twice.
         s.processes = [] if dev.mig else self._processes(dev)
 

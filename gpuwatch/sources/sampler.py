@@ -159,10 +159,15 @@ class GpuSampler:
 
     async def slow_loop(self, interval: float, status: SourceStatus) -> None:
         loop = asyncio.get_running_loop()
+        # the first read as soon as the backend is open: the fields of the slow tier (the
+        # power limit, ECC among them) are absent from the samples until it
+        delay = 0.0
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
             if not self._open:
+                delay = min(interval, 1.0)
                 continue
+            delay = interval
             t0 = time.perf_counter()
             try:
                 self._slow = await loop.run_in_executor(

@@ -28,7 +28,8 @@ def make_collectors() -> list[Collector]:
     from gpuwatch.sources.gpu_depth.media import MediaEngines
     from gpuwatch.sources.gpu_depth.process_util import ProcessUtil
     from gpuwatch.sources.gpu_depth.pstate import PerformanceState
+    from gpuwatch.sources.gpu_depth.settled import Settled
     from gpuwatch.sources.gpu_depth.thermal import Thermal, ThermalLimits
 
-    return [FieldValues(), Fabric(), Gpm(), ProcessUtil(), ThermalLimits(), Thermal(),
+    return [Settled(), FieldValues(), Fabric(), Gpm(), ProcessUtil(), ThermalLimits(), Thermal(),
             PerformanceState(), MediaEngines()]
