@@ -7,9 +7,11 @@ collector (MIG mode, field values, fabric, GPM, per-process utilization) (needs 
 The first figures call back to back, where the driver's cache makes most calls cost a few
 microseconds. `--once-a-second N` measures what the daemon pays instead: for N seconds, once a
 second, each call of GPU 0 in the order a tick makes them, and the CPU of this thread for each
-(the median over the N seconds). It also times the calls that changed tier or shape: the
-enforced power limit, ECC and remapped rows (now on the slow tier), and the process lists as
-pynvml's wrappers read them (a count, then the list) beside one call into a kept buffer.
+(the median over the N seconds). It also times, after the tick's own calls, those that left
+it: the enforced power limit, ECC and remapped rows (now on the slow tier), and the process
+lists as pynvml's wrappers read them (a count, then the list). Those wrapper rows come right
+after the one-call reads of the same lists in the same second, so the driver's cache is warm
+for them: they do not compare with the one-call rows.
 """
 
 from __future__ import annotations
