@@ -2,9 +2,9 @@
 (`nvidia-smi -pl`, a power cap), the volatile ECC totals and the remapped rows (a memory
 error; XID 48, 63 and 64 tell of one at once through the event set).
 
-Once a second, each of these calls costs tens of microseconds in the driver (an H100, driver
-580: the cache that makes a repeated call cost 2 us has expired by the next tick); on the slow
-tier their four calls cost that once every 30 s."""
+Once a second, these four calls cost 36 us of CPU together in the driver (an H100, driver 580:
+the cache that makes a repeated call cost 2 us has expired by the next tick); on the slow tier
+they cost that once every 30 s."""
 
 from __future__ import annotations
 
