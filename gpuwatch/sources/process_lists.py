@@ -50,15 +50,16 @@ class ProcessList:
         self._fn: Callable | None = None
         self._direct = True  # False: the driver lacks the v3 entry point; the wrapper serves
         self._buf: ctypes.Array | None = None
+        # the compute list is where serving processes are: read every tick, empty or not
+        self.wait_when_empty = 0.0 if kind == "compute" else QUIET_RECHECK_SECONDS
         self.quiet_until = float("-inf")
 
     def due(self, now: float) -> bool:
-        return self.kind == "compute" or now >= self.quiet_until
+        return now >= self.quiet_until
 
     def answered(self, entries: list[Entry] | None, now: float) -> None:
         """An empty list (or one that failed) waits; one with processes is read every tick."""
-        if self.kind != "compute":
-            self.quiet_until = now + QUIET_RECHECK_SECONDS if not entries else float("-inf")
+        self.quiet_until = now + self.wait_when_empty if not entries else float("-inf")
 
     def reader(self) -> Callable[..., list[Entry]]:
         """What _Device.get calls with the handle: the one-call read, or pynvml's wrapper
@@ -89,11 +90,9 @@ class ProcessList:
             count = ctypes.c_uint(len(self._buf))
             ret = fn(handle, ctypes.byref(count), self._buf)
             if ret == pynvml.NVML_SUCCESS:
-                buf, n = self._buf, min(count.value, len(self._buf))
                 na = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
-                return [(int(buf[i].pid),
-                         None if buf[i].usedGpuMemory == na else int(buf[i].usedGpuMemory))
-                        for i in range(n)]
+                return [(int(e.pid), None if e.usedGpuMemory == na else int(e.usedGpuMemory))
+                        for e in self._buf[:min(count.value, len(self._buf))]]
             if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE or count.value > MAX_ENTRIES:
                 raise pynvml.NVMLError(ret)
             self._buf = (pynvml.c_nvmlProcessInfo_v3_t * min(count.value * 2 + 5, MAX_ENTRIES))()

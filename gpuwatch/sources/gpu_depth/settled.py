@@ -22,10 +22,11 @@ class Settled:
         limit = dev.get("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit)
         if limit is not None:
             out["power_limit_watts"] = limit / 1000.0
-        for key, kind in (("ecc_volatile_corrected_total", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                          ("ecc_volatile_uncorrected_total",
-                           pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
-            field = "ecc_corrected" if key.endswith("_corrected_total") else "ecc_uncorrected"
+        for field, key, kind in (
+                ("ecc_corrected", "ecc_volatile_corrected_total",
+                 pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                ("ecc_uncorrected", "ecc_volatile_uncorrected_total",
+                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
             value = dev.get(field, pynvml.nvmlDeviceGetTotalEccErrors, kind,
                             pynvml.NVML_VOLATILE_ECC)
             if value is not None:
