@@ -67,7 +67,17 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
          "tests/test_leak_rates.py", "tests/test_leak_troughs.py",
          "tests/test_leak_found_loaded.py", "tests/test_leak_loading_pace.py",
          "tests/test_leak_projection.py", "tests/test_leak_replayed_alarms.py",
-         "tests/test_leak_traces.py"]),
+         "tests/test_leak_traces.py", "tests/test_leak_family1.py",
+         "tests/test_leak_steep_pause.py"]),
+    # the leak detector alone: its own sample, so its modules are not a few among many
+    "leak": (
+        sorted(str(p.relative_to(REPO)) for p in (REPO / "gpuwatch/signals/leak").glob("*.py")),
+        ["tests/test_bite_signals.py", "tests/test_bite_signal_guards.py",
+         "tests/test_bite_leak_fast.py", "tests/test_leak.py", "tests/test_leak_rates.py",
+         "tests/test_leak_troughs.py", "tests/test_leak_found_loaded.py",
+         "tests/test_leak_loading_pace.py", "tests/test_leak_projection.py",
+         "tests/test_leak_replayed_alarms.py", "tests/test_leak_traces.py",
+         "tests/test_leak_family1.py", "tests/test_leak_steep_pause.py"]),
     "engine windows": (
         ["gpuwatch/engines/windows.py", "gpuwatch/signals/windows.py"],
         ["tests/test_bite_windows.py", "tests/test_bite_engine_signals.py",
