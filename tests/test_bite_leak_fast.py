@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from itertools import pairwise
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,3 +60,41 @@ def test_a_steady_leak_at_the_critical_pace_is_still_seen():
         w.add(1000.0 + k, 1e9 + 6e7 * k)
     assert 5.5e7 < w.slope(5e7) < 6.5e7
     assert w.slope(7e7) is None
+
+
+MIB = 1 << 20
+
+
+def _parts(lows, highs, part_s=10, base=20 << 30):
+    """Samples alternating between each part's low and high, one a second, over what the
+    process holds (base)."""
+    return [(k * part_s + j, base + (lows[k] if j % 2 == 0 else highs[k]))
+            for k in range(len(lows)) for j in range(part_s)]
+
+
+def test_maxima_climbing_while_the_minima_fall_back_are_no_fast_leak():
+    """Transients of growing size climb part by part; the minima rose in two steps, then
+    came back down: over the window they rose at a tenth of the pace, which no leak does."""
+    thr, part = 50 * MIB, 9.75  # 40 samples a second apart: parts of 9.75 s
+    unit = thr * part
+    lows = [0.0, 0.6 * unit, 1.2 * unit, 0.3 * unit]
+    highs = [2 * unit, 3.1 * unit, 4.2 * unit, 5.3 * unit]
+    w = FastWindow(40)
+    for t, v in _parts(lows, highs):
+        w.add(t, v)
+    assert w.slope(thr) is None
+    # the same maxima over minima that keep rising: the fast pace (the maxima's)
+    lows[-1] = 1.8 * unit
+    w = FastWindow(40)
+    for t, v in _parts(lows, highs):
+        w.add(t, v)
+    assert w.slope(thr) == pytest.approx(1.1 * thr, rel=0.01)
+
+
+def test_the_estimate_is_the_lower_envelopes_pace():
+    """What a critical episode's rate and exit are read from: the climb of the lower
+    envelope over the window, at its own pace."""
+    w = FastWindow(40)
+    for t in range(41):
+        w.add(float(t), 10 * MIB * t + (300 * MIB if t % 3 == 0 else 0))  # peaks on top
+    assert w.estimate() == pytest.approx(10 * MIB, rel=0.02)

@@ -52,3 +52,15 @@ def test_found_with_its_context_alone_then_loading_its_weights_is_quiet():
         return CONTEXT + 512 * MIB * min(16, 1 + (t - 60) // 3)
 
     assert run(memory, 600) == []
+
+
+def test_a_pause_before_the_load_does_not_end_it():
+    """A server that starts its CUDA context, allocates a little, then waits a minute
+    (downloading, compiling) before a slow smooth load at 100 MiB/s for 3 min: the pause
+    came before memory grew, so the load is still loading, not a critical leak."""
+    def memory(t):
+        if t < 60:
+            return CONTEXT + 100 * MIB * min(1.0, t / 5)
+        return CONTEXT + 100 * MIB + 100 * MIB * min(180, t - 60)
+
+    assert run(memory, 900) == []
