@@ -41,7 +41,7 @@ from tests.test_zone import zone_run
 
 @pytest.mark.xfail(strict=True, reason=(
     "known miss: the critical episode ends at 676 s and the 1 MiB/s that goes on (5 x the "
-    "warning slope) fires a new warning at 946 s, where it should fall back to a warning"))
+    "warning slope) fires a new warning at 960 s, where it should fall back to a warning"))
 def test_a_critical_leak_that_slows_to_a_crawl_is_no_longer_critical():
     s = series()
     onset, slow = 60.0, 360.0
@@ -55,8 +55,9 @@ def test_a_critical_leak_that_slows_to_a_crawl_is_no_longer_critical():
     # the raw lower envelope's climb over the exit window falls under half the critical
     # slope once that window lies after the fast climb
     c = LeakConfig()
-    (t_exit, level), = changes[1:]
-    assert level < 2
+    t_exit, level = changes[1]
+    # it falls back to a warning: the leak goes on at 5 x the warning slope
+    assert level == 1
     assert slow + c.critical_resolve_seconds <= t_exit
     assert t_exit <= slow + c.critical_resolve_seconds + c.critical_window_seconds + 20
 

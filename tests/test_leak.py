@@ -409,8 +409,23 @@ def test_leak_metrics_present_for_every_judged_series():
 
 
 def _fixed_floor(blocks: int) -> RetainedFloor:
-    """A floor whose window is fixed at `blocks` blocks of 15 s."""
-    return RetainedFloor(15.0, 15.0 * blocks, 15.0 * blocks, 3600.0, 2880.0, 16 * MIB)
+    """A floor whose window is fixed at `blocks` blocks of 15 s, past its first block (the
+    series' first, cut short by its start, is not judged: block -1 here)."""
+    f = RetainedFloor(15.0, 15.0 * blocks, 15.0 * blocks, 3600.0, 2880.0, 16 * MIB)
+    f.add(-1.0, 0.0)
+    return f
+
+
+def test_the_series_first_block_is_not_judged():
+    """Seen first in the middle of a block, a server under churn: two of its three samples
+    are peaks. Its first block is no level it kept, nor what it gave back when the peaks
+    went: the floor starts at the next block."""
+    f = RetainedFloor(15.0, 15.0, 15.0, 3600.0, 2880.0, 16 * MIB)
+    for t, v in [(9.0, 16 * GIB + 700 * MIB), (11.0, 16 * GIB), (13.0, 16 * GIB + 750 * MIB)]:
+        f.add(t, v)
+    for t in range(15, 75, 2):
+        f.add(float(t), 16 * GIB + (700 * MIB if t % 4 == 1 else 0))
+    assert len(f.points) == 3 and set(f.points) == {16 * GIB}
 
 
 def test_floor_window_evicts_exactly_floor_window_blocks():

@@ -1,7 +1,8 @@
 """Retained memory of one series: what it keeps, not its peaks.
 
 Raw samples are cut in blocks (15 s); a block's value is its second smallest sample (one
-sample caught low, a read mid-free, does not move it). The retained memory at a block is the
+sample caught low, a read mid-free, does not move it). The series' first block, cut short by
+its start, is not judged. The retained memory at a block is the
 lowest block value over a *floor window* as long as the series' own **return period**: how
 long the series takes to come back down to a level it left. A sawtooth of period P comes
 back each period, so its floor window is P and the sawtooth never reaches the floor; churn
@@ -61,6 +62,7 @@ class RetainedFloor(BlockPoints):
         self.tol_min = tol_bytes
         self._k: int | None = None  # the open block
         self._lo = (math.inf, math.inf)  # its two smallest samples
+        self._k_first = True  # the open block is the series' first
         # closed blocks' values, oldest first, contiguous up to block k_last
         self.lows: deque[float] = deque(maxlen=self.keep + self.max_blocks)
         self.points: deque[float] = deque(maxlen=self.keep)  # retained memory per block
@@ -85,15 +87,18 @@ class RetainedFloor(BlockPoints):
     def add(self, t: float, v: float) -> bool:
         """Feed one sample; True when a block closed (a new retained point exists)."""
         k = math.floor(t / self.block_s)
-        if self._k is None or k == self._k:
+        if self._k is None or k <= self._k:  # (the clock went back: into the open block)
             if self._k is None:
                 self._k = k
             a, b = self._lo
             self._lo = (v, a) if v < a else (a, min(b, v))
             return False
-        if k < self._k:  # the clock went back: take it into the open block
-            a, b = self._lo
-            self._lo = (v, a) if v < a else (a, min(b, v))
+        if self._k_first:
+            # the series' first block, cut short by its start: a few samples, whose second
+            # smallest may be a peak (churn caught as the series was first seen), and a high
+            # first block would count as the series' noise for as long as its history is kept
+            self._k_first = False
+            self._k, self._lo = k, (v, math.inf)
             return False
         a, b = self._lo
         value = b if math.isfinite(b) else a
