@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -26,6 +27,13 @@ pytestmark = pytest.mark.integration
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+def _interruptible() -> None:
+    """In the child before exec: Ctrl-C interrupts it, whatever the harness left ignored (a
+    signal ignored in the parent stays ignored across exec, and Python then installs no
+    KeyboardInterrupt for it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def status(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpuwatch", "status", *args],
                           capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=60)
@@ -35,6 +43,7 @@ def test_watch_in_a_terminal_shows_the_leak_in_colour(daemon):
     d = daemon("--simulate", "leak", config_toml=FAST_LEAK_TOML)
     child = pexpect.spawn(sys.executable, ["-m", "gpuwatch", "status", d.url, "--watch", "1"],
                           env=child_env(TERM="xterm-256color"), cwd=str(REPO),
+                          preexec_fn=_interruptible,
                           dimensions=(40, 160), encoding="utf-8", timeout=90)
     try:
         child.expect("NVIDIA A100-SXM4-80GB")
@@ -66,7 +75,8 @@ def test_watch_without_rich_redraws_in_place(daemon, tmp_path):
     env = child_env(TERM="xterm-256color")
     env["PYTHONPATH"] = os.pathsep.join([str(shadow.parent), env["PYTHONPATH"]])
     child = pexpect.spawn(sys.executable, ["-m", "gpuwatch", "status", d.url, "--watch", "1"],
-                          env=env, cwd=str(REPO), dimensions=(40, 160), encoding="utf-8",
+                          env=env, cwd=str(REPO), preexec_fn=_interruptible,
+                          dimensions=(40, 160), encoding="utf-8",
                           timeout=60)
     try:
         child.expect("\x1b\\[2J\x1b\\[H")  # the first frame clears the screen
