@@ -48,14 +48,18 @@ class Evidence:
     rising: bool  # beyond its noise and the minimum rise
     shaped: bool  # ... and by the warning slope, shaped like a leak (through its window,
     # keeping its pace)
+    breakout: bool = False  # judged on the block values, beyond all the series gave back
 
 
 class Scales:
     def __init__(self, scales_s, floor: RetainedFloor, *, parts: int, part_share: float,
                  max_part_share: float, steady_ratio: float, lookback_s: float,
                  min_rise: float, noise_factor: float, long_scale_s: float = 1200.0,
-                 levelling_ratio: float = 0.4, staircase_from_s: float = 150.0) -> None:
+                 levelling_ratio: float = 0.4, staircase_from_s: float = 150.0,
+                 history: int = 1) -> None:
         self.floor = floor
+        # a scale judges once the series holds this many of its windows
+        self.history = history
         b = floor.block_s
         self.scales = [float(s) for s in scales_s]
         self.blocks = [max(parts, round(s / b)) for s in self.scales]
@@ -149,18 +153,20 @@ class Scales:
             rise = now - then
             noise = self.noise(i)
             rising = rise >= max(self.min_rise, self.noise_factor * noise)
-            judged = (judge and len(f) > max(n, min_history)
+            judged = (judge and len(f) > max(n * self.history, min_history)
                       and (within is None or n <= within))
             k = self.scale_parts[i]
             shaped = (judged and rising and rise >= warn_on * scale
                       and self._shaped(n, k, rise, since_block))
+            brk = None
             if judged and not shaped and f.window > 1:
                 # a floor window of several blocks lags: growth far beyond anything the
                 # series ever gave back is judged on the block values themselves
                 brk = self._breakout(n, k, scale, warn_on)
                 if brk is not None:
                     rise, shaped, rising = brk, True, True
-            out.append(Evidence(scale, rise / scale, rise, noise, rising, shaped))
+            out.append(Evidence(scale, rise / scale, rise, noise, rising, shaped,
+                                brk is not None))
         return out
 
     def loading(self, warn_on: float, min_rise: float, min_span_s: float, part_ratio: float,
@@ -217,7 +223,7 @@ class Scales:
                 if brk is not None:
                     noise = self.noise(max((i for i, s in enumerate(self.scales)
                                             if s <= scale), default=0))
-                    return Evidence(scale, brk / scale, brk, noise, True, True)
+                    return Evidence(scale, brk / scale, brk, noise, True, True, True)
         return ev
 
     def _load_end(self, at, reach: int) -> int:

@@ -57,13 +57,13 @@ def retained_floor(cfg: LeakConfig, bound_returns: bool = True) -> RetainedFloor
                          cfg.floor_tolerance_bytes, bound_returns)
 
 
-def scales_of(cfg: LeakConfig, floor: RetainedFloor) -> Scales:
+def scales_of(cfg: LeakConfig, floor: RetainedFloor, history: int = 1) -> Scales:
     return Scales(cfg.scales_seconds, floor, parts=cfg.parts, part_share=cfg.part_share,
                   max_part_share=cfg.max_part_share, steady_ratio=cfg.steady_ratio,
                   lookback_s=cfg.lookback_seconds, min_rise=cfg.min_rise_bytes,
                   noise_factor=cfg.noise_factor, long_scale_s=cfg.long_scale_seconds,
                   levelling_ratio=cfg.levelling_ratio,
-                  staircase_from_s=cfg.long_confirm_from_seconds)
+                  staircase_from_s=cfg.long_confirm_from_seconds, history=history)
 
 
 class LeakSeries:
@@ -98,7 +98,9 @@ class LeakSeries:
         """New baselines (a reload, or another source); the verdict is the caller's."""
         c = self.p.cfg
         self.floor = retained_floor(c, bound_returns=not self.summed)
-        self.scales = scales_of(c, self.floor)
+        # a sum's floor wanders with its members' beat for tens of minutes: a scale judges
+        # once it has seen two of its windows (its noise is what the earlier ones gave back)
+        self.scales = scales_of(c, self.floor, 2 if self.summed else 1)
         self.troughs = Troughs(self.floor, noise_factor=c.noise_factor,
                                min_rise=c.min_rise_bytes)
         self.fast = FastWindow(c.critical_window_seconds)
@@ -233,7 +235,10 @@ class LeakSeries:
         # growth that never paused: judged as a whole, once it may be no load; and a sum's
         # since its member's load, as long as it would have been taken for loading (its
         # floor lags a young leak by its window: the scales' parts cannot show it yet)
-        if loading or (life.joined and t - life.t_start < c.lifecycle.warmup_max_seconds):
+        # (not a sum's own first load: its members' loads and warm-ups together, where a
+        # leak is no more told from them than in one process, and told later)
+        if (loading and (life.joined or not self.summed)) or (
+                life.joined and t - life.t_start < c.lifecycle.warmup_max_seconds):
             whole = self.scales.loading(p.warn_on, c.loading_min_rise_bytes,
                                         c.loading_min_scale_seconds, c.loading_part_ratio,
                                         c.loading_steady_ratio,
@@ -270,11 +275,15 @@ class LeakSeries:
             # growth that never paused holds until it kept loading_confirm_bytes more at
             # its pace (at most confirm_seconds): the first ramp of a sawtooth after a load
             # climbs like a leak until it comes back down, a leak goes on
-            confirm = (max(c.confirm_share * c.loading_min_scale_seconds,
-                           min(c.loading_confirm_bytes / max(e.rate, 1.0), c.confirm_seconds))
-                       if key == _WHOLE
+            keep = max(c.confirm_share * c.loading_min_scale_seconds,
+                       min(c.loading_confirm_bytes / max(e.rate, 1.0), c.confirm_seconds))
+            confirm = (keep if key == _WHOLE
                        # the troughs: while the newest trough still stands a few blocks on
                        else self.troughs.confirm_s if key == _TROUGHS
+                       # a sum's breakout, beyond twice all it gave back: as growth that
+                       # never paused, where that is sooner (the floor window its members'
+                       # transients set made it late already)
+                       else min(keep, confirm_time(c, e.scale)) if self.summed and e.breakout
                        else confirm_time(c, e.scale))
             confirmed = t - since_t >= confirm
             if confirmed and (best is None or e.rate > best.rate):
