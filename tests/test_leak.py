@@ -428,6 +428,21 @@ def test_the_series_first_block_is_not_judged():
     assert len(f.points) == 3 and set(f.points) == {16 * GIB}
 
 
+@pytest.mark.parametrize(("cut_start", "noise"), [(True, 0), (False, 2 * GIB)])
+def test_what_windows_cut_short_by_the_start_gave_back_is_no_noise(cut_start, noise):
+    """First seen during a checkpoint (2 GiB more for 45 s, then given back): the points
+    over the first floor window, which the series' start cut short, hold the peak, and its
+    fall is no noise of the series at any scale. A GPU's sum (cut_start off) counts it: its
+    members ran before it was first seen, and those falls are all it tells yet."""
+    f = RetainedFloor(15.0, 75.0, 75.0, 3600.0, 2880.0, 16 * MIB, cut_start=cut_start)
+    sc = leak_scales(LeakConfig(), f)
+    for t in range(-1, 1800, 5):  # past the longest scale
+        if f.add(float(t), 10 * GIB + (2 * GIB if t < 45 else 0)):
+            sc.update(0.2 * MIB)
+    assert f.at(0) == 10 * GIB
+    assert [sc.noise(i) for i in range(len(sc.scales))] == [noise] * len(sc.scales)
+
+
 def test_floor_window_evicts_exactly_floor_window_blocks():
     """The retained point of block k is the lowest block value of blocks k-4..k."""
     f = _fixed_floor(5)

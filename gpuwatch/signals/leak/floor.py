@@ -2,7 +2,8 @@
 
 Raw samples are cut in blocks (15 s); a block's value is its second smallest sample (one
 sample caught low, a read mid-free, does not move it). The series' first block, cut short by
-its start, is not judged. The retained memory at a block is the
+its start, is not judged, nor is what the points over the first floor window (which the
+start cut short) give back the series' noise (`whole`). The retained memory at a block is the
 lowest block value over a *floor window* as long as the series' own **return period**: how
 long the series takes to come back down to a level it left. A sawtooth of period P comes
 back each period, so its floor window is P and the sawtooth never reaches the floor; churn
@@ -50,12 +51,18 @@ class BlockPoints:
     def __len__(self) -> int:
         return len(self.points)
 
+    def whole(self, k: int) -> bool:
+        """Whether block k's point spans all of its window."""
+        return True
+
 
 class RetainedFloor(BlockPoints):
     def __init__(self, block_s: float, min_window_s: float, max_window_s: float,
                  memory_s: float, keep_s: float, tol_bytes: float,
-                 bound_returns: bool = True) -> None:
+                 bound_returns: bool = True, cut_start: bool = True) -> None:
         self.block_s = block_s
+        # whether a point over a window that the series' start cut short is told apart
+        self.cut_start = cut_start
         self.min_blocks = max(1, round(min_window_s / block_s))
         self.max_blocks = max(self.min_blocks, round(max_window_s / block_s))
         self.keep = max(3, round(keep_s / block_s) + 1)
@@ -67,6 +74,7 @@ class RetainedFloor(BlockPoints):
         self.lows: deque[float] = deque(maxlen=self.keep + self.max_blocks)
         self.points: deque[float] = deque(maxlen=self.keep)  # retained memory per block
         self.k_last: int | None = None
+        self.k_first: int | None = None  # the series' first judged block
         self.window = self.min_blocks  # floor window, in blocks
         self._stack: deque[tuple[int, float]] = deque()  # suffix minima of block values
         self._returns = SlidingMax(memory_s)
@@ -127,6 +135,8 @@ class RetainedFloor(BlockPoints):
         self._track_return(k, value, t_end)
         self.lows.append(value)
         self.k_last = k
+        if self.k_first is None:
+            self.k_first = k
         period = self._returns.value(t_end)
         # a margin over the longest return seen: returns are measured to the block and
         # within the tolerance, which cuts a sawtooth's ramp short
@@ -213,6 +223,13 @@ class RetainedFloor(BlockPoints):
         self.origin, self.bound_returns = None, True
 
     # -- reading -----------------------------------------------------------------------------
+
+    def whole(self, k: int) -> bool:
+        """Whether block k's retained point spans a whole floor window (not one that the
+        series' start cut short, where a peak the series was first seen at still stands)."""
+        if not self.cut_start:
+            return True
+        return self.k_first is not None and k - self.k_first + 1 >= self.window
 
     @property
     def period(self) -> float:

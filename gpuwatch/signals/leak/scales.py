@@ -5,7 +5,8 @@ At each block's close every scale S looks at the retained memory over its last S
 
 - rose by at least `min_rise_bytes`, and by more than `noise_factor` times the series'
   own noise at that scale (the most the retained memory fell over any window of S in the
-  history kept: what the series gives back) — it is *rising* — and by more than the
+  history kept: what the series gives back; not from a point whose floor window the series'
+  start cut short, where a peak it was first seen at stands) — it is *rising* — and by more than the
   warning slope over S;
 - rose through all of its window: every part (at least as long as the floor window, so
   two to `parts` of them; thirds too, where the steps of a leak kept in steps come a third
@@ -100,7 +101,8 @@ class Scales:
         for i, n in enumerate(self.blocks):
             self._falls[i].clear()
             for j in range(n, len(pts)):
-                self._fall(i, k_last - (len(pts) - 1 - j), max(0.0, pts[j - n] - pts[j]))
+                if f.whole(k_last - (len(pts) - 1 - (j - n))):
+                    self._fall(i, k_last - (len(pts) - 1 - j), max(0.0, pts[j - n] - pts[j]))
         self._highs.clear()
         self._gb.clear()
         lows = list(f.lows)
@@ -149,7 +151,8 @@ class Scales:
             then = f.at(n)
             if then is None:
                 continue
-            self._fall(i, k_last, max(0.0, then - now))
+            if f.whole(k_last - n):
+                self._fall(i, k_last, max(0.0, then - now))
             rise = now - then
             noise = self.noise(i)
             rising = rise >= max(self.min_rise, self.noise_factor * noise)

@@ -51,10 +51,13 @@ def confirm_time(cfg: LeakConfig, scale: float) -> float:
     return min(share * scale, cfg.confirm_seconds)
 
 
-def retained_floor(cfg: LeakConfig, bound_returns: bool = True) -> RetainedFloor:
+def retained_floor(cfg: LeakConfig, summed: bool = False) -> RetainedFloor:
+    # a sum's members ran before it was first seen: what its first windows gave back is all
+    # it tells of its return period yet, so those falls count as its noise too
     return RetainedFloor(cfg.block_seconds, cfg.block_seconds, cfg.max_floor_window_seconds,
                          cfg.return_memory_seconds, 2 * max(cfg.scales_seconds),
-                         cfg.floor_tolerance_bytes, bound_returns)
+                         cfg.floor_tolerance_bytes, bound_returns=not summed,
+                         cut_start=not summed)
 
 
 def scales_of(cfg: LeakConfig, floor: RetainedFloor, history: int = 1) -> Scales:
@@ -97,7 +100,7 @@ class LeakSeries:
     def _reset(self) -> None:
         """New baselines (a reload, or another source); the verdict is the caller's."""
         c = self.p.cfg
-        self.floor = retained_floor(c, bound_returns=not self.summed)
+        self.floor = retained_floor(c, self.summed)
         # a sum's floor wanders with its members' beat for tens of minutes: a scale judges
         # once it has seen two of its windows (its noise is what the earlier ones gave back)
         self.scales = scales_of(c, self.floor, 2 if self.summed else 1)
