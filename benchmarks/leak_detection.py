@@ -274,7 +274,7 @@ class Alarms:
 
 def run_gpuwatch(sc: Scenario, seed: int, hours: float, interval: float,
                  config: Config | None = None) -> Alarms:
-    pipeline = Pipeline(config or Config(), None)
+    pipeline = Pipeline(config or Config(), None, strict=True)
     alarms = Alarms()
     for tick in ticks(sc, seed, hours, interval):
         for ev in pipeline.update(tick):
@@ -416,7 +416,7 @@ def replay_speed(hours: float = 24, interval: float = 5, gpus: int = 4, procs: i
     lives = [[_serving(rng, 2000 + g * 10 + k, transients=_transients(rng, hours, 2))
               for k in range(procs)] for g in range(gpus)]
     name, total = A100
-    pipeline = Pipeline(Config(), None)
+    pipeline = Pipeline(Config(), None, strict=True)
     n = int(hours * 3600 / interval)
     built, elapsed = 0.0, 0.0
     for i in range(n):

@@ -464,7 +464,7 @@ DETECTORS = {
 def run(case: Case) -> list[tuple[int, float, str, str, str]]:
     """(pid, seconds into the trace, signal, state, severity) of leak and time-to-OOM events;
     pid GPU_ONLY for the GPU's own series."""
-    pipeline = Pipeline(Config(), None)
+    pipeline = Pipeline(Config(), None, strict=True)
     out = []
     for tick in ticks(case):
         for ev in pipeline.update(tick):

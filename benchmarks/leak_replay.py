@@ -111,7 +111,7 @@ def score(recording: str, truth_path: str) -> dict:
     with open(truth_path) as f:
         truth = json.load(f)
     _, ticks = read_recording(recording)
-    pipeline = Pipeline(Config(), load_table())
+    pipeline = Pipeline(Config(), load_table(), strict=True)
     events, seen, first_t, last_t = [], {}, None, None
     used: dict[int, list[tuple[float, int]]] = {}
     full = None  # the first tick a GPU's used memory reached its budget: the wall

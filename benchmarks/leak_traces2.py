@@ -196,7 +196,7 @@ def ticks(trace: Trace, seed: int):
 
 def run(trace: Trace, seed: int = 0) -> list[tuple[int | None, float, str, str]]:
     """(pid, seconds into the trace, state, severity) of every memory_leak event."""
-    pipeline = Pipeline(Config(), None)
+    pipeline = Pipeline(Config(), None, strict=True)
     out = []
     for tick in ticks(trace, seed):
         for ev in pipeline.update(tick):
@@ -246,7 +246,7 @@ def recorded(path: str, truth_path: str) -> dict:
     with open(truth_path) as f:
         truth = json.load(f)
     _, ticks = read_recording(path)
-    pipeline = Pipeline(Config(), load_table())
+    pipeline = Pipeline(Config(), load_table(), strict=True)
     events = [e for tick in ticks for e in pipeline.update(tick) if e.signal == "memory_leak"]
     out: dict = {"gpu_series_events": [e for e in events if e.pid is None]}
     for name, proc in truth["processes"].items():

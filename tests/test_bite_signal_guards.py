@@ -204,3 +204,24 @@ def test_a_histogram_that_cannot_be_believed_is_not_replaced_by_the_mean():
     assert "bucket bounds are not sane" in st.missing["queue_latency"]
     assert [e for e in run.events if e.signal == "queue_latency"] == []
     assert math.isfinite(st.queue_latency_mean_seconds)
+
+
+def test_an_analyzer_that_fails_costs_its_tick_and_raises_where_figures_are_measured():
+    """The daemon keeps going past one analyzer's bug (counted, logged); a benchmark or a
+    replay that measures figures runs strict, so a bug cannot pass for a detector that
+    found nothing."""
+
+    class Failing:
+        def update(self, tick, derived, conditions):
+            raise ValueError("analyzer bug")
+
+    tick = gpu_tick(T0, [(11, 20 * GIB, T0 - 3600)])
+    daemon = Pipeline(Config(), load_table())
+    daemon.analyzers.insert(0, Failing())
+    daemon.update(tick)
+    assert daemon.errors == 1
+    assert ("GPU-0", 11) in daemon.derived.processes  # the memory analyzer still ran
+    strict = Pipeline(Config(), load_table(), strict=True)
+    strict.analyzers.insert(0, Failing())
+    with pytest.raises(ValueError, match="analyzer bug"):
+        strict.update(tick)

@@ -60,8 +60,11 @@ def build_analyzers(config, table) -> list[Analyzer]:
 
 
 class Pipeline:
-    def __init__(self, config, table=None) -> None:
+    def __init__(self, config, table=None, strict: bool = False) -> None:
         self.config = config
+        # benchmarks and tests: an analyzer's bug raises, rather than costing its conclusions
+        # quietly (figures measured past it would be wrong)
+        self.strict = strict
         self.table = table
         self.derived = Derived()
         self.conditions = Conditions()
@@ -89,6 +92,8 @@ class Pipeline:
             try:
                 events += analyzer.update(tick, self.derived, self.conditions)
             except Exception:
+                if self.strict:
+                    raise
                 # One analyzer's bug costs its own conclusions for this tick, nothing else.
                 self.errors += 1
                 log.exception("analyzer %s failed at t=%s", type(analyzer).__name__, tick.t)
