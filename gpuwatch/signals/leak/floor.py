@@ -52,7 +52,7 @@ class BlockPoints:
         return len(self.points)
 
     def whole(self, k: int) -> bool:
-        """Whether block k's point spans all of its window."""
+        """Whether block k's point spans all of its window (a sum of points: always)."""
         return True
 
 
