@@ -286,10 +286,11 @@ def leak_cases(seed: int, rates=RATES, onsets=ONSETS, noises=NOISES) -> list[Cas
                 proc = _leaker(s, 2001, noise, lk, start)
                 procs = [proc] + (_neighbours(s, start) if noise in ("neighbours", "gpu_only")
                                   else [])
-                # the series judged holds a sawtooth: the leaker's own, or under GPU-only
-                # accounting the neighbour's, which the GPU's sum holds
-                period = (proc.saw_period if noise == "sawtooth" else
-                          procs[2].saw_period if noise == "gpu_only" else 0.0)
+                # the sawtooth in the series judged: the leaker's, or under GPU-only
+                # accounting any member's of the GPU's sum
+                judged = procs if noise == "gpu_only" else [proc]
+                period = max((p.saw_period for p in judged if p.noise == "sawtooth"),
+                             default=0.0)
                 goal = target(rate, onset, period)
                 # long enough to see it found, and bounded by what the GPU can hold
                 room = 100 * GIB / rate
